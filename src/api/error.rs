@@ -1,0 +1,107 @@
+//! ApiError: every error the gateway itself answers, turned into the contract's envelope
+//! (`type` = reason phrase, `code`, `message`, `param: null`) plus `X-SMG-Error-Code`.
+
+use crate::http::response::{reason, write_simple, Simple};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+// === impl ApiError ===
+
+impl ApiError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(404, "model_not_found", format!("No worker serves model '{model}'"))
+    }
+
+    pub fn no_available_workers(model: Option<&str>) -> Self {
+        let message = match model {
+            Some(m) => format!("No available workers for model '{m}': all are unhealthy"),
+            None => "No available workers: all are unhealthy".to_string(),
+        };
+        Self::new(503, "no_available_workers", message)
+    }
+
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(413, "request_body_too_large", format!("Request body exceeds --max-payload-size ({limit} bytes)"))
+    }
+
+    pub fn body_stalled() -> Self {
+        Self::new(408, "request_body_stalled", "The request body stalled")
+    }
+
+    pub fn route_not_found(path: &str) -> Self {
+        Self::new(404, "not_found", format!("No route for {path}"))
+    }
+
+    pub fn method_not_allowed(path: &str) -> Self {
+        Self::new(405, "method_not_allowed", format!("Method not allowed for {path}"))
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(400, code, message)
+    }
+
+    pub fn upstream_connect(worker: &str, err: &std::io::Error) -> Self {
+        Self::new(502, "upstream_connect_failed", format!("Failed to connect to worker {worker}: {err}"))
+    }
+
+    pub fn upstream_failed(worker: &str, what: &str) -> Self {
+        Self::new(502, "upstream_error", format!("Worker {worker} failed: {what}"))
+    }
+
+    pub fn upstream_timeout(worker: &str) -> Self {
+        Self::new(504, "upstream_timeout", format!("Worker {worker} sent no response within --request-timeout-secs"))
+    }
+
+    /// The JSON envelope. Strings go through sonic-rs so any model name is escaped.
+    pub fn envelope(&self) -> Vec<u8> {
+        let msg = sonic_rs::to_string(&self.message).unwrap_or_else(|_| "\"\"".into());
+        format!(
+            "{{\"error\":{{\"type\":\"{}\",\"code\":\"{}\",\"message\":{},\"param\":null}}}}",
+            reason(self.status),
+            self.code,
+            msg
+        )
+        .into_bytes()
+    }
+
+    /// Appends the full HTTP response (envelope + `x-smg-error-code`) to `out`.
+    pub fn write_response(&self, out: &mut Vec<u8>, request_id: Option<&[u8]>, head_only: bool, close: bool) {
+        let body = self.envelope();
+        let mut headers: [(&str, &[u8]); 2] = [("x-smg-error-code", self.code.as_bytes()), ("", b"")];
+        let n = match request_id {
+            Some(id) => {
+                headers[1] = ("x-request-id", id);
+                2
+            }
+            None => 1,
+        };
+        let resp =
+            Simple { status: self.status, content_type: "application/json", headers: &headers[..n], body: &body };
+        write_simple(out, &resp, head_only, close);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_shape() {
+        let e = ApiError::model_not_found("a\"b");
+        let v: sonic_rs::Value = sonic_rs::from_slice(&e.envelope()).unwrap();
+        use sonic_rs::JsonValueTrait;
+        assert_eq!(v["error"]["type"].as_str(), Some("Not Found"));
+        assert_eq!(v["error"]["code"].as_str(), Some("model_not_found"));
+        assert!(v["error"]["param"].is_null());
+        assert!(v["error"]["message"].as_str().unwrap().contains("a\"b"));
+    }
+}

@@ -1,0 +1,200 @@
+//! Command line (`smg launch …`, SMG's flag names and defaults) and the validated Config.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::workers::WorkerUrl;
+
+#[derive(Parser, Debug)]
+#[command(name = "smg", version, about = "Shard-per-core, SMG-compatible LLM inference gateway")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start the gateway in front of inference workers.
+    Launch(LaunchArgs),
+    /// Start the gateway with two built-in simulated workers; prints a curl line to try.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Port the gateway listens on (127.0.0.1).
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Model id the simulated workers serve.
+    #[arg(long, default_value = "smg-demo-model")]
+    pub model: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct LaunchArgs {
+    /// Worker base URLs (http://host:port), probed with GET /health and GET /v1/models.
+    #[arg(long, num_args = 1.., value_name = "URL")]
+    pub worker_urls: Vec<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Routing policy: random, round_robin.
+    #[arg(long, default_value = "round_robin")]
+    pub policy: String,
+    /// Largest request body accepted, in bytes; larger ones get 413 request_body_too_large.
+    #[arg(long, default_value_t = 536_870_912)]
+    pub max_payload_size: usize,
+    /// Longest wait for a worker's response head, in seconds; then 504.
+    #[arg(long, default_value_t = 1800)]
+    pub request_timeout_secs: u64,
+    /// Idle upstream keep-alive connections are closed after this many seconds.
+    #[arg(long, default_value_t = 3)]
+    pub upstream_pool_idle_timeout_secs: u64,
+    /// On SIGTERM/SIGINT, in-flight requests get this many seconds to finish.
+    #[arg(long, default_value_t = 180)]
+    pub shutdown_grace_period_secs: u64,
+    /// Request headers to take the request id from, in order of preference.
+    #[arg(long, num_args = 1.., value_name = "HEADER",
+          default_values_t = ["x-request-id".to_string(), "x-correlation-id".to_string(), "x-trace-id".to_string(), "request-id".to_string()])]
+    pub request_id_headers: Vec<String>,
+    /// Log level: trace, debug, info, warn, error.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Log one JSON object per line instead of text.
+    #[arg(long)]
+    pub log_json: bool,
+    /// Number of shards (one pinned reactor each); default: every core the process may use.
+    #[arg(long)]
+    pub cores: Option<usize>,
+    /// Seconds between health checks of workers that are up (down workers are retried every second).
+    #[arg(long, default_value_t = 60)]
+    pub health_check_interval_secs: u64,
+    /// Seconds a health or model probe may take.
+    #[arg(long, default_value_t = 5)]
+    pub health_check_timeout_secs: u64,
+    /// Keep-alive client connections idle this long are closed.
+    #[arg(long, default_value_t = 75)]
+    pub client_idle_timeout_secs: u64,
+    /// A client must finish its request head, and keep its body moving, within this many seconds.
+    #[arg(long, default_value_t = 30)]
+    pub client_read_timeout_secs: u64,
+}
+
+/// Routing policies this build implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    RoundRobin,
+    Random,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "round_robin" => Ok(Policy::RoundRobin),
+            "random" => Ok(Policy::Random),
+            other => Err(format!("--policy: unknown policy '{other}' (expected one of: round_robin, random)")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+    Trace = 5,
+}
+
+impl std::str::FromStr for LogLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "error" => Ok(LogLevel::Error),
+            "warn" | "warning" => Ok(LogLevel::Warn),
+            "info" => Ok(LogLevel::Info),
+            "debug" => Ok(LogLevel::Debug),
+            "trace" => Ok(LogLevel::Trace),
+            other => Err(format!("--log-level: unknown level '{other}' (expected trace, debug, info, warn or error)")),
+        }
+    }
+}
+
+/// The validated configuration every shard reads (shared read-only behind an Arc).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub workers: Vec<WorkerUrl>,
+    pub listen: SocketAddr,
+    pub policy: Policy,
+    pub max_payload_size: usize,
+    pub request_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub shutdown_grace: Duration,
+    /// Lowercased header names.
+    pub request_id_headers: Vec<String>,
+    pub log_level: LogLevel,
+    pub log_json: bool,
+    pub cores: usize,
+    pub health_interval: Duration,
+    pub health_timeout: Duration,
+    pub client_idle_timeout: Duration,
+    pub client_read_timeout: Duration,
+}
+
+fn positive(flag: &str, v: u64) -> Result<Duration, String> {
+    if v == 0 {
+        return Err(format!("{flag}: must be at least 1"));
+    }
+    Ok(Duration::from_secs(v))
+}
+
+impl LaunchArgs {
+    pub fn into_config(self) -> Result<Config, String> {
+        let workers = self
+            .worker_urls
+            .iter()
+            .map(|u| WorkerUrl::parse(u).map_err(|e| format!("--worker-urls: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ip: std::net::IpAddr = match self.host.as_str() {
+            "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+            h => h.parse().map_err(|_| format!("--host: '{h}' is not an IP address"))?,
+        };
+        if self.max_payload_size == 0 {
+            return Err("--max-payload-size: must be at least 1".into());
+        }
+        let available = crate::runtime::allowed_cores().len().max(1);
+        let cores = match self.cores {
+            Some(0) => return Err("--cores: must be at least 1".into()),
+            Some(n) if n > 1024 => return Err("--cores: at most 1024".into()),
+            Some(n) => n,
+            None => available,
+        };
+        for h in &self.request_id_headers {
+            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+                return Err(format!("--request-id-headers: '{h}' is not a header name"));
+            }
+        }
+        Ok(Config {
+            workers,
+            listen: SocketAddr::new(ip, self.port),
+            policy: self.policy.parse()?,
+            max_payload_size: self.max_payload_size,
+            request_timeout: positive("--request-timeout-secs", self.request_timeout_secs)?,
+            pool_idle_timeout: positive("--upstream-pool-idle-timeout-secs", self.upstream_pool_idle_timeout_secs)?,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_period_secs),
+            request_id_headers: self.request_id_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            log_level: self.log_level.parse()?,
+            log_json: self.log_json,
+            cores,
+            health_interval: positive("--health-check-interval-secs", self.health_check_interval_secs)?,
+            health_timeout: positive("--health-check-timeout-secs", self.health_check_timeout_secs)?,
+            client_idle_timeout: positive("--client-idle-timeout-secs", self.client_idle_timeout_secs)?,
+            client_read_timeout: positive("--client-read-timeout-secs", self.client_read_timeout_secs)?,
+        })
+    }
+}

@@ -1,0 +1,122 @@
+//! Boot: pin one monoio reactor per core, each with its own SO_REUSEPORT listener; start
+//! the worker control thread; turn SIGTERM/SIGINT into a drain; exit when shards are done.
+
+pub mod io;
+pub mod shard;
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::Config;
+use crate::workers::{health, Snapshot};
+use shard::{Shard, ShardMsg};
+
+/// Cores this process may run on (respects taskset/cpusets).
+pub fn allowed_cores() -> Vec<core_affinity::CoreId> {
+    core_affinity::get_core_ids().unwrap_or_default()
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (and so in every thread spawned after), so
+/// only the main thread's sigwait sees them.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a zeroed set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: `set` was built by block_signals.
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}
+
+/// Runs the gateway until SIGTERM/SIGINT and the drain that follows. Err = start failed.
+pub fn run(cfg: Config) -> Result<(), String> {
+    let sigset = block_signals();
+    let cfg = Arc::new(cfg);
+    let registry = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
+    let events = health::start(cfg.workers.clone(), Arc::clone(&registry), cfg.health_interval, cfg.health_timeout);
+
+    let cores = allowed_cores();
+    let (ready_tx, ready_rx) = flume::unbounded::<Result<(), String>>();
+    let mut inboxes = Vec::new();
+    let mut threads = Vec::new();
+    for index in 0..cfg.cores {
+        let (tx, rx) = flume::bounded::<ShardMsg>(16);
+        inboxes.push(tx);
+        let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
+        let (cfg, registry, events, ready) =
+            (Arc::clone(&cfg), Arc::clone(&registry), events.clone(), ready_tx.clone());
+        let t = std::thread::Builder::new()
+            .name(format!("smg-shard-{index}"))
+            .spawn(move || {
+                if let Some(core) = core {
+                    core_affinity::set_for_current(core);
+                }
+                let mut rt = match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                    .enable_timer()
+                    .with_entries(1024)
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("shard {index}: runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let listener = match shard::bind(cfg.listen) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = ready.send(Err(format!("cannot listen on {}: {e}", cfg.listen)));
+                            return;
+                        }
+                    };
+                    let _ = ready.send(Ok(()));
+                    let shard = Rc::new(Shard::new(index, cfg, registry, events));
+                    shard.serve(listener, rx).await;
+                });
+            })
+            .map_err(|e| format!("spawn shard: {e}"))?;
+        threads.push(t);
+    }
+    drop(ready_tx);
+    for _ in 0..cfg.cores {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("a shard failed to start".into()),
+        }
+    }
+    let driver = if monoio::utils::detect_uring() && std::env::var_os("MONOIO_FORCE_LEGACY_DRIVER").is_none() {
+        "io_uring"
+    } else {
+        "epoll"
+    };
+    crate::info!(
+        "smg listening on {} with {} shard(s) ({driver}), {} worker(s)",
+        cfg.listen,
+        cfg.cores,
+        cfg.workers.len()
+    );
+
+    let sig = wait_signal(&sigset);
+    crate::info!("signal {sig}: draining (grace {}s)", cfg.shutdown_grace.as_secs());
+    for tx in &inboxes {
+        let _ = tx.try_send(ShardMsg::Drain);
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    crate::info!("drained; exiting");
+    Ok(())
+}

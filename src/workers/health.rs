@@ -1,0 +1,114 @@
+//! The control plane for workers: one prober thread per worker, one publisher.
+//!
+//! A worker is routable once it answered `GET /health` with 2xx and told us its model.
+//! Down (or never-seen) workers are retried every second; routable ones every
+//! `--health-check-interval-secs`, or at once when a shard reports a connect failure.
+//! Every state change publishes a fresh Snapshot; shards never wait on this thread.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{probe, Registry, Snapshot, Worker, WorkerUrl};
+
+/// Shard → control: something a shard saw that needs a re-probe.
+#[derive(Debug, Clone, Copy)]
+pub enum WorkerEvent {
+    ConnectFailed(usize),
+}
+
+const DOWN_RETRY: Duration = Duration::from_secs(1);
+
+struct Update {
+    id: usize,
+    model: Option<String>,
+    healthy: bool,
+}
+
+/// Starts the probers and the publisher; returns the sender shards report events on.
+pub fn start(
+    urls: Vec<WorkerUrl>,
+    registry: Registry,
+    interval: Duration,
+    timeout: Duration,
+) -> flume::Sender<WorkerEvent> {
+    let (event_tx, event_rx) = flume::bounded::<WorkerEvent>(1024);
+    let (update_tx, update_rx) = flume::unbounded::<Update>();
+    let mut kicks = Vec::new();
+    for (id, url) in urls.iter().cloned().enumerate() {
+        let (kick_tx, kick_rx) = flume::bounded::<()>(1);
+        kicks.push(kick_tx);
+        let updates = update_tx.clone();
+        std::thread::Builder::new()
+            .name(format!("smg-probe-{id}"))
+            .spawn(move || prober(id, url, interval, timeout, kick_rx, updates))
+            .expect("spawn prober thread");
+    }
+    // Shard events become kicks to the right prober (coalesced: a full kick channel
+    // means a probe is already pending).
+    std::thread::Builder::new()
+        .name("smg-events".into())
+        .spawn(move || {
+            while let Ok(WorkerEvent::ConnectFailed(id)) = event_rx.recv() {
+                if let Some(k) = kicks.get(id) {
+                    let _ = k.try_send(());
+                }
+            }
+        })
+        .expect("spawn events thread");
+    std::thread::Builder::new()
+        .name("smg-publish".into())
+        .spawn(move || {
+            let mut workers: Vec<Worker> =
+                urls.into_iter().enumerate().map(|(id, url)| Worker { id, url, model: None, healthy: false }).collect();
+            while let Ok(u) = update_rx.recv() {
+                let w = &mut workers[u.id];
+                if u.model.is_some() {
+                    w.model = u.model;
+                }
+                if w.healthy != u.healthy {
+                    if u.healthy {
+                        crate::info!("worker {} is up (model {})", w.url.url, w.model.as_deref().unwrap_or("?"));
+                    } else {
+                        crate::warn!("worker {} is down", w.url.url);
+                    }
+                }
+                w.healthy = u.healthy;
+                registry.store(Arc::new(Snapshot::new(workers.clone())));
+            }
+        })
+        .expect("spawn publisher thread");
+    event_tx
+}
+
+fn prober(
+    id: usize,
+    url: WorkerUrl,
+    interval: Duration,
+    timeout: Duration,
+    kick: flume::Receiver<()>,
+    updates: flume::Sender<Update>,
+) {
+    let mut model: Option<String> = None;
+    let mut healthy = false;
+    let mut first = true;
+    loop {
+        let up = matches!(probe::get(&url, "/health", timeout), Ok(r) if (200..300).contains(&r.status));
+        let mut new_model = None;
+        if up && model.is_none() {
+            new_model = probe::discover_model(&url, timeout);
+            model.clone_from(&new_model);
+        }
+        let now_healthy = up && model.is_some();
+        let changed = first || now_healthy != healthy || new_model.is_some();
+        if changed && updates.send(Update { id, model: new_model, healthy: now_healthy }).is_err() {
+            return;
+        }
+        first = false;
+        healthy = now_healthy;
+        let wait = if healthy { interval } else { DOWN_RETRY };
+        match kick.recv_timeout(wait) {
+            Ok(()) | Err(flume::RecvTimeoutError::Timeout) => {}
+            Err(flume::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}

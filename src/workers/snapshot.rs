@@ -1,0 +1,142 @@
+//! The Snapshot: the one thing the control thread publishes to every shard (via arc-swap).
+//!
+//! It is immutable; a change builds a new one. Shards keep a shard-local `Rc` of the
+//! current Arc (see runtime::shard::SnapshotCache) so no request touches a shared refcount.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use super::WorkerUrl;
+
+pub type Registry = Arc<ArcSwap<Snapshot>>;
+
+#[derive(Debug, Clone)]
+pub struct Worker {
+    pub id: usize,
+    pub url: WorkerUrl,
+    /// The model id the worker reported; None until it first answered.
+    pub model: Option<String>,
+    /// Routable: answered its health check and the model probe.
+    pub healthy: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub workers: Vec<Worker>,
+    /// Model id → ids of the workers that serve it, healthy or not, in registration order.
+    by_model: HashMap<String, Vec<usize>>,
+    /// Pre-rendered GET /v1/models body; None when no worker serves any model.
+    pub models_body: Option<Vec<u8>>,
+}
+
+pub enum Candidates<'a> {
+    /// No worker has ever reported this model.
+    UnknownModel,
+    /// Workers serve it, but none is healthy now.
+    AllDown,
+    Healthy(Vec<&'a Worker>),
+}
+
+// === impl Snapshot ===
+
+impl Snapshot {
+    pub fn new(workers: Vec<Worker>) -> Self {
+        let mut by_model: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut models: Vec<&str> = Vec::new();
+        for w in &workers {
+            if let Some(m) = &w.model {
+                let ids = by_model.entry(m.clone()).or_default();
+                if ids.is_empty() {
+                    models.push(m);
+                }
+                ids.push(w.id);
+            }
+        }
+        // Listed models are those with at least one routable worker.
+        let listed: Vec<&str> =
+            models.into_iter().filter(|m| by_model[*m].iter().any(|id| workers[*id].healthy)).collect();
+        let models_body = (!listed.is_empty()).then(|| render_models(&listed));
+        Snapshot { workers, by_model, models_body }
+    }
+
+    /// True once any worker is routable (GET /readiness).
+    pub fn ready(&self) -> bool {
+        self.workers.iter().any(|w| w.healthy)
+    }
+
+    /// Healthy workers for `model`; with no model, every healthy worker.
+    pub fn candidates(&self, model: Option<&str>) -> Candidates<'_> {
+        match model {
+            Some(m) => match self.by_model.get(m) {
+                None => Candidates::UnknownModel,
+                Some(ids) => {
+                    let up: Vec<&Worker> = ids.iter().map(|id| &self.workers[*id]).filter(|w| w.healthy).collect();
+                    if up.is_empty() {
+                        Candidates::AllDown
+                    } else {
+                        Candidates::Healthy(up)
+                    }
+                }
+            },
+            None => {
+                let up: Vec<&Worker> = self.workers.iter().filter(|w| w.healthy).collect();
+                if up.is_empty() {
+                    Candidates::AllDown
+                } else {
+                    Candidates::Healthy(up)
+                }
+            }
+        }
+    }
+}
+
+fn render_models(models: &[&str]) -> Vec<u8> {
+    let mut out = String::from("{\"object\":\"list\",\"data\":[");
+    for (i, m) in models.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let id = sonic_rs::to_string(m).unwrap_or_default();
+        out.push_str(&format!("{{\"id\":{id},\"object\":\"model\",\"created\":0,\"owned_by\":\"self_hosted\"}}"));
+    }
+    out.push_str("]}");
+    out.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(id: usize, model: Option<&str>, healthy: bool) -> Worker {
+        Worker {
+            id,
+            url: WorkerUrl::parse(&format!("http://127.0.0.1:{}", 1000 + id)).unwrap(),
+            model: model.map(Into::into),
+            healthy,
+        }
+    }
+
+    #[test]
+    fn models_listed_once_and_only_when_routable() {
+        let s = Snapshot::new(vec![
+            w(0, Some("a"), true),
+            w(1, Some("a"), true),
+            w(2, Some("b"), false),
+            w(3, None, false),
+        ]);
+        let body = String::from_utf8(s.models_body.clone().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            r#"{"object":"list","data":[{"id":"a","object":"model","created":0,"owned_by":"self_hosted"}]}"#
+        );
+        assert!(matches!(s.candidates(Some("b")), Candidates::AllDown));
+        assert!(matches!(s.candidates(Some("zzz")), Candidates::UnknownModel));
+        match s.candidates(Some("a")) {
+            Candidates::Healthy(v) => assert_eq!(v.len(), 2),
+            _ => panic!(),
+        }
+        assert!(Snapshot::new(vec![w(0, None, false)]).models_body.is_none());
+    }
+}
