@@ -101,10 +101,14 @@ impl Pair {
 
 /// Waits until the peer sent something or closed; Ok(true) means it closed (or reset).
 /// Uses MSG_PEEK so pipelined bytes stay in the socket for the next request.
+///
+/// Readiness must be strict (`relaxed = false`): on the epoll driver a relaxed check
+/// returns at once on readiness left over from reading the request, the peek says
+/// EAGAIN, and the loop would spin without ever yielding to the reactor.
 pub async fn peer_closed(s: &TcpStream) -> bool {
     use std::os::fd::AsRawFd;
     loop {
-        if s.readable(true).await.is_err() {
+        if s.readable(false).await.is_err() {
             return true;
         }
         let mut byte = 0u8;

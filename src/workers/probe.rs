@@ -30,19 +30,45 @@ pub fn get(worker: &WorkerUrl, path: &str, timeout: Duration) -> std::io::Result
         worker.authority
     );
     s.write_all(req.as_bytes())?;
+    // Read until the framed body is complete, not until EOF: a worker that ignores
+    // `Connection: close` must not stall the probe until its timeout.
     let mut raw = Vec::new();
-    s.take(MAX_PROBE_RESPONSE as u64).read_to_end(&mut raw)?;
-    parse(&raw).ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed response"))
+    let mut tmp = [0u8; 16 * 1024];
+    loop {
+        match parse(&raw) {
+            Parsed::Done(r) => return Ok(r),
+            Parsed::Bad => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed response")),
+            Parsed::Partial if raw.len() > MAX_PROBE_RESPONSE => {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "response too large"))
+            }
+            Parsed::Partial => {}
+        }
+        let n = s.read(&mut tmp)?;
+        if n == 0 {
+            return match parse_at_eof(&raw) {
+                Some(r) => Ok(r),
+                None => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            };
+        }
+        raw.extend_from_slice(&tmp[..n]);
+    }
 }
 
-fn parse(raw: &[u8]) -> Option<ProbeResponse> {
+enum Parsed {
+    Done(ProbeResponse),
+    Partial,
+    Bad,
+}
+
+fn parse(raw: &[u8]) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut resp = httparse::Response::new(&mut headers);
-    let n = match resp.parse(raw).ok()? {
-        httparse::Status::Complete(n) => n,
-        httparse::Status::Partial => return None,
+    let n = match resp.parse(raw) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::Bad,
     };
-    let status = resp.code?;
+    let Some(status) = resp.code else { return Parsed::Bad };
     let chunked = resp
         .headers
         .iter()
@@ -53,16 +79,29 @@ fn parse(raw: &[u8]) -> Option<ProbeResponse> {
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
         .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok());
     let rest = &raw[n..];
-    let body = if chunked {
-        let mut out = Vec::new();
-        ChunkedDecoder::new().feed(rest, Some(&mut out)).ok()?;
-        out
-    } else if let Some(len) = len {
-        rest.get(..len)?.to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Some(ProbeResponse { status, body })
+    if chunked {
+        let mut body = Vec::new();
+        let mut dec = ChunkedDecoder::new();
+        return match dec.feed(rest, Some(&mut body)) {
+            Ok(_) if dec.is_done() => Parsed::Done(ProbeResponse { status, body }),
+            Ok(_) => Parsed::Partial,
+            Err(_) => Parsed::Bad,
+        };
+    }
+    match len {
+        Some(len) if rest.len() >= len => Parsed::Done(ProbeResponse { status, body: rest[..len].to_vec() }),
+        _ => Parsed::Partial,
+    }
+}
+
+/// A response without Content-Length or chunking ends at EOF.
+fn parse_at_eof(raw: &[u8]) -> Option<ProbeResponse> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(raw).ok()? {
+        httparse::Status::Complete(n) => Some(ProbeResponse { status: resp.code?, body: raw[n..].to_vec() }),
+        httparse::Status::Partial => None,
+    }
 }
 
 /// The worker's model id: `/v1/models` `data[0].id`, else `model_path` from
@@ -97,12 +136,15 @@ mod tests {
 
     #[test]
     fn parses_length_chunked_and_close_delimited() {
-        let r = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokXX").unwrap();
+        let Parsed::Done(r) = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokXX") else { panic!() };
         assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
-        let r = parse(b"HTTP/1.1 503 X\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n").unwrap();
+        let Parsed::Done(r) = parse(b"HTTP/1.1 503 X\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n") else {
+            panic!()
+        };
         assert_eq!((r.status, r.body.as_slice()), (503, &b"no"[..]));
-        let r = parse(b"HTTP/1.0 200 OK\r\n\r\nall").unwrap();
-        assert_eq!(r.body, b"all");
-        assert!(parse(b"garbage").is_none());
+        assert!(matches!(parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok"), Parsed::Partial));
+        assert!(matches!(parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok"), Parsed::Partial));
+        assert_eq!(parse_at_eof(b"HTTP/1.0 200 OK\r\n\r\nall").unwrap().body, b"all");
+        assert!(matches!(parse(b"garbage"), Parsed::Bad));
     }
 }

@@ -1,0 +1,486 @@
+//! Test fixtures: the real `smg` binary on loopback, a scriptable fake worker, and a raw
+//! HTTP/1.1 client. Every test builds its own world on ephemeral ports.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sonic_rs::JsonValueTrait;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Runs `f` once per monoio driver: io_uring (where the kernel allows) and epoll.
+pub fn both_drivers(f: impl Fn(bool)) {
+    for legacy in [false, true] {
+        f(legacy);
+    }
+}
+
+// === Gateway ===
+
+pub struct Gateway {
+    pub port: u16,
+    pub child: Child,
+    pub log: std::path::PathBuf,
+}
+
+impl Gateway {
+    /// Starts `smg launch` with `args` (plus --host/--port) and waits for /liveness.
+    pub fn start(legacy: bool, args: &[&str]) -> Gateway {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("smg-test-{}-{port}.log", std::process::id()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
+        cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
+        if legacy {
+            cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
+        } else {
+            cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+        let gw = Gateway { port, child, log };
+        gw.wait_status("/liveness", 200);
+        gw
+    }
+
+    pub fn wait_status(&self, path: &str, want: u16) {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = try_get(self.port, path) {
+                if r.status == want {
+                    return;
+                }
+            }
+            assert!(Instant::now() < until, "gateway never answered {want} on {path}; log:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn ready(&self) {
+        self.wait_status("/readiness", 200);
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Open file descriptors of the gateway process (sockets included).
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map(|d| d.count()).unwrap_or(0)
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.pid() as i32, sig) };
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+// === Fake worker ===
+
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub conn: usize,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+pub struct WorkerState {
+    pub accepted: AtomicUsize,
+    pub requests: Mutex<Vec<Recorded>>,
+    /// When each connection saw the gateway close it (EOF or error on read/write).
+    pub closed_at: Mutex<Vec<Instant>>,
+    pub healthy: AtomicBool,
+    /// When each streamed response finished writing its last event.
+    pub stream_done_at: Mutex<Vec<Instant>>,
+    pub stop: AtomicBool,
+}
+
+pub struct FakeWorker {
+    pub port: u16,
+    pub model: String,
+    pub state: Arc<WorkerState>,
+}
+
+impl FakeWorker {
+    /// A worker that serves `model`. Behaviour per request comes from the body's `fake`
+    /// field: "echo" (default), "sse" (`events`, `gap_ms`), "die" (SSE cut after `events`
+    /// without the terminating chunk), "stall" (never answers), "error" (JSON `status`),
+    /// "close" (answer, then close the connection without saying so).
+    pub fn start(model: &str) -> FakeWorker {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(WorkerState::default());
+        state.healthy.store(true, Ordering::SeqCst);
+        let (st, m) = (Arc::clone(&state), model.to_string());
+        std::thread::spawn(move || {
+            for (n, s) in listener.incoming().enumerate() {
+                if st.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(s) = s else { continue };
+                st.accepted.fetch_add(1, Ordering::SeqCst);
+                let (st, m) = (Arc::clone(&st), m.clone());
+                std::thread::spawn(move || serve(s, n, &st, &m));
+            }
+        });
+        FakeWorker { port, model: model.to_string(), state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.requests.lock().unwrap().clone()
+    }
+
+    /// Stops accepting (the listener closes after its next accept).
+    pub fn stop(&self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn serve(mut s: TcpStream, conn: usize, st: &WorkerState, model: &str) {
+    let _ = s.set_nodelay(true);
+    let mut buf = Vec::new();
+    loop {
+        let (path, headers, body, head_len) = loop {
+            if let Some(parsed) = parse_req(&buf) {
+                break parsed;
+            }
+            let mut tmp = [0u8; 65536];
+            match s.read(&mut tmp) {
+                Ok(0) | Err(_) => {
+                    st.closed_at.lock().unwrap().push(Instant::now());
+                    return;
+                }
+                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            }
+        };
+        buf.drain(..head_len + body.len());
+        let rec = Recorded { path: path.clone(), headers, body: body.clone(), conn };
+        let keep = match path.as_str() {
+            "/health" => {
+                let code = if st.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
+                reply(&mut s, code, "text/plain", b"ok", &[])
+            }
+            "/v1/models" => {
+                let b =
+                    format!(r#"{{"object":"list","data":[{{"id":"{model}","object":"model","owned_by":"sglang"}}]}}"#);
+                reply(&mut s, 200, "application/json", b.as_bytes(), &[])
+            }
+            _ => {
+                st.requests.lock().unwrap().push(rec);
+                inference(&mut s, &body, st)
+            }
+        };
+        if !keep {
+            st.closed_at.lock().unwrap().push(Instant::now());
+            return;
+        }
+    }
+}
+
+/// Path, headers, body and head length of one complete request.
+type ParsedRequest = (String, Vec<(String, String)>, Vec<u8>, usize);
+
+fn parse_req(buf: &[u8]) -> Option<ParsedRequest> {
+    let mut h = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Request::new(&mut h);
+    let n = match r.parse(buf).ok()? {
+        httparse::Status::Complete(n) => n,
+        httparse::Status::Partial => return None,
+    };
+    let headers: Vec<(String, String)> =
+        r.headers.iter().map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).into_owned())).collect();
+    let len = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.parse::<usize>().unwrap())
+        .unwrap_or(0);
+    if buf.len() < n + len {
+        return None;
+    }
+    Some((r.path.unwrap().to_string(), headers, buf[n..n + len].to_vec(), n))
+}
+
+fn reply(s: &mut TcpStream, code: u16, ct: &str, body: &[u8], extra: &[(&str, &str)]) -> bool {
+    let mut out = format!("HTTP/1.1 {code} X\r\nContent-Type: {ct}\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in extra {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(body);
+    s.write_all(&bytes).is_ok()
+}
+
+fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState) -> bool {
+    let v: sonic_rs::Value = sonic_rs::from_slice(body).unwrap_or_default();
+    let mode = v["fake"].as_str().unwrap_or("echo").to_string();
+    let events = v["events"].as_u64().unwrap_or(3) as usize;
+    let gap = Duration::from_millis(v["gap_ms"].as_u64().unwrap_or(10));
+    let sha = sha_hex(body);
+    match mode.as_str() {
+        "stall" => {
+            std::thread::sleep(Duration::from_secs(30));
+            false
+        }
+        "error" => {
+            let status = v["status"].as_u64().unwrap_or(400) as u16;
+            reply(
+                s,
+                status,
+                "application/json",
+                br#"{"error":{"message":"bad","type":"BadRequestError","code":400}}"#,
+                &[],
+            )
+        }
+        "close" => {
+            reply(s, 200, "application/json", format!(r#"{{"sha":"{sha}"}}"#).as_bytes(), &[]);
+            false
+        }
+        "sse" | "die" => {
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nX-SMG-Error-Code: worker-said\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n";
+            if s.write_all(head.as_bytes()).is_err() {
+                return false;
+            }
+            for i in 0..events {
+                let ev = format!("data: {{\"i\":{i}}}\n\n");
+                if s.write_all(format!("{:x}\r\n{ev}\r\n", ev.len()).as_bytes()).is_err() {
+                    return false;
+                }
+                // Wait for the gap while watching for the gateway closing on us, so the
+                // close is stamped when it happens, not at the next write.
+                if peer_closed_during(s, gap) {
+                    return false;
+                }
+            }
+            if mode == "die" {
+                return false;
+            }
+            let done = "data: [DONE]\n\n";
+            let ok = s.write_all(format!("{:x}\r\n{done}\r\n0\r\n\r\n", done.len()).as_bytes()).is_ok();
+            st.stream_done_at.lock().unwrap().push(Instant::now());
+            ok
+        }
+        _ => reply(
+            s,
+            200,
+            "application/json",
+            format!(r#"{{"sha":"{sha}","len":{}}}"#, body.len()).as_bytes(),
+            &[
+                ("X-SMG-Error-Code", "worker-said"),
+                ("X-Worker", "1"),
+                ("Connection", "keep-alive"),
+                ("Keep-Alive", "timeout=5"),
+            ],
+        ),
+    }
+}
+
+fn peer_closed_during(s: &mut TcpStream, gap: Duration) -> bool {
+    let until = Instant::now() + gap;
+    let mut byte = [0u8; 1];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let _ = s.set_read_timeout(None);
+            return false;
+        }
+        let _ = s.set_read_timeout(Some(left));
+        match s.peek(&mut byte) {
+            Ok(0) => return true,
+            Ok(_) => std::thread::sleep(left.min(Duration::from_millis(5))),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return true,
+        }
+    }
+}
+
+pub fn sha_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
+}
+
+// === Raw client ===
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Chunked body ended with its zero-size chunk.
+    pub complete: bool,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> sonic_rs::Value {
+        sonic_rs::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one response from `s`, with `rest` holding bytes already read past earlier ones.
+pub fn read_response(s: &mut TcpStream, rest: &mut Vec<u8>, head_only: bool) -> std::io::Result<Response> {
+    let (status, headers, n) = loop {
+        let mut h = [httparse::EMPTY_HEADER; 64];
+        let mut r = httparse::Response::new(&mut h);
+        if let Ok(httparse::Status::Complete(n)) = r.parse(rest) {
+            let headers: Vec<(String, String)> = r
+                .headers
+                .iter()
+                .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+                .collect();
+            break (r.code.unwrap(), headers, n);
+        }
+        fill(s, rest)?;
+    };
+    rest.drain(..n);
+    let get = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    if status == 100 {
+        return read_response(s, rest, head_only);
+    }
+    let mut body = Vec::new();
+    let mut complete = true;
+    #[allow(unused_assignments)]
+    if head_only || status == 204 || status == 304 {
+    } else if get("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        complete = false;
+        loop {
+            let line_end = loop {
+                if let Some(p) = rest.windows(2).position(|w| w == b"\r\n") {
+                    break p;
+                }
+                if fill(s, rest).is_err() {
+                    return Ok(Response { status, headers, body, complete: false });
+                }
+            };
+            let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap().trim(), 16).unwrap();
+            rest.drain(..line_end + 2);
+            while rest.len() < size + 2 {
+                if fill(s, rest).is_err() {
+                    body.extend_from_slice(rest);
+                    return Ok(Response { status, headers, body, complete: false });
+                }
+            }
+            body.extend_from_slice(&rest[..size]);
+            rest.drain(..size + 2);
+            if size == 0 {
+                complete = true;
+                break;
+            }
+        }
+    } else if let Some(len) = get("content-length") {
+        let len: usize = len.parse().unwrap();
+        while rest.len() < len {
+            fill(s, rest)?;
+        }
+        body = rest.drain(..len).collect();
+    } else {
+        while fill(s, rest).is_ok() {}
+        body = std::mem::take(rest);
+    }
+    Ok(Response { status, headers, body, complete })
+}
+
+pub fn fill(s: &mut TcpStream, rest: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut tmp = [0u8; 65536];
+    let n = s.read(&mut tmp)?;
+    if n == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    rest.extend_from_slice(&tmp[..n]);
+    Ok(())
+}
+
+pub fn try_get(port: u16, path: &str) -> std::io::Result<Response> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())?;
+    read_response(&mut s, &mut Vec::new(), false)
+}
+
+pub fn get(port: u16, path: &str) -> Response {
+    try_get(port, path).unwrap()
+}
+
+/// POSTs JSON on a fresh connection with extra header lines ("Name: value").
+pub fn post(port: u16, path: &str, body: &str, headers: &[&str]) -> Response {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(post_bytes(path, body, headers).as_bytes()).unwrap();
+    read_response(&mut s, &mut Vec::new(), false).unwrap()
+}
+
+pub fn post_bytes(path: &str, body: &str, headers: &[&str]) -> String {
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    req
+}
+
+/// True when the peer closed `s` (read returns EOF or reset) within `within`.
+pub fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut tmp = [0u8; 4096];
+    loop {
+        match s.read(&mut tmp) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
