@@ -4,6 +4,7 @@ use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
 use crate::workers::WorkerUrl;
 
 #[derive(Parser, Debug)]
@@ -16,7 +17,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Start the gateway in front of inference workers.
-    Launch(LaunchArgs),
+    Launch(Box<LaunchArgs>),
     /// Start the gateway with two built-in simulated workers; prints a curl line to try.
     Demo(DemoArgs),
 }
@@ -42,9 +43,49 @@ pub struct LaunchArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
-    /// Routing policy: random, round_robin.
-    #[arg(long, default_value = "round_robin")]
+    /// Routing policy: cache_aware, round_robin, random, power_of_two, consistent_hashing,
+    /// prefix_hash, manual, least_load.
+    #[arg(long, default_value = "cache_aware")]
     pub policy: String,
+    /// cache_aware: a prefix match ratio above this routes to the prefix's worker.
+    #[arg(long, default_value_t = 0.3)]
+    pub cache_threshold: f32,
+    /// cache_aware: spill when a worker's load exceeds the mean by this many requests (and by the relative factor).
+    #[arg(long, default_value_t = 64)]
+    pub balance_abs_threshold: usize,
+    /// cache_aware: spill when a worker's load exceeds the mean by this factor (and by the absolute margin).
+    #[arg(long, default_value_t = 1.5)]
+    pub balance_rel_threshold: f32,
+    /// cache_aware: seconds between tree eviction sweeps.
+    #[arg(long, default_value_t = 120)]
+    pub eviction_interval: u64,
+    /// cache_aware: budget of each shard's prefix tree, in characters.
+    #[arg(long, default_value_t = 67_108_864)]
+    pub max_tree_size: usize,
+    /// prefix_hash: leading tokens hashed (4 characters each when untokenized).
+    #[arg(long, default_value_t = 256)]
+    pub prefix_token_count: usize,
+    /// prefix_hash: skip a worker loaded above mean × this factor.
+    #[arg(long, default_value_t = 1.25)]
+    pub prefix_hash_load_factor: f32,
+    /// prefix_hash: absolute load margin before a worker is skipped.
+    #[arg(long, default_value_t = 10)]
+    pub prefix_hash_balance_abs_threshold: usize,
+    /// manual / routing-key override: pinned keys idle this long are forgotten (0 = never).
+    #[arg(long, default_value_t = 14_400)]
+    pub max_idle_secs: u64,
+    /// How new routing keys are placed: random, min_load, min_group, delegate.
+    #[arg(long)]
+    pub assignment_mode: Option<String>,
+    /// Pin requests by routing key (body `rid`, else --routing-key-headers) for every policy.
+    #[arg(long, alias = "sticky-sessions")]
+    pub routing_key_override: bool,
+    /// Headers that carry the routing key, in priority order.
+    #[arg(long, num_args = 1.., value_name = "HEADER", default_values_t = ["x-smg-routing-key".to_string()])]
+    pub routing_key_headers: Vec<String>,
+    /// least_load: seconds between polls of each worker's /v1/loads.
+    #[arg(long, default_value_t = 10)]
+    pub load_monitor_interval: u64,
     /// Largest request body accepted, in bytes; larger ones get 413 request_body_too_large.
     #[arg(long, default_value_t = 536_870_912)]
     pub max_payload_size: usize,
@@ -84,24 +125,6 @@ pub struct LaunchArgs {
     pub client_read_timeout_secs: u64,
 }
 
-/// Routing policies this build implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    RoundRobin,
-    Random,
-}
-
-impl std::str::FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "round_robin" => Ok(Policy::RoundRobin),
-            "random" => Ok(Policy::Random),
-            other => Err(format!("--policy: unknown policy '{other}' (expected one of: round_robin, random)")),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogLevel {
     Error = 1,
@@ -130,7 +153,8 @@ impl std::str::FromStr for LogLevel {
 pub struct Config {
     pub workers: Vec<WorkerUrl>,
     pub listen: SocketAddr,
-    pub policy: Policy,
+    pub routing: RoutingConfig,
+    pub load_interval: Duration,
     pub max_payload_size: usize,
     pub request_timeout: Duration,
     pub pool_idle_timeout: Duration,
@@ -153,7 +177,57 @@ fn positive(flag: &str, v: u64) -> Result<Duration, String> {
     Ok(Duration::from_secs(v))
 }
 
+fn unit_range(flag: &str, v: f32) -> Result<f32, String> {
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{flag}: must be between 0 and 1"));
+    }
+    Ok(v)
+}
+
+fn at_least_one(flag: &str, v: f32) -> Result<f32, String> {
+    if !(v >= 1.0 && v.is_finite()) {
+        return Err(format!("{flag}: must be at least 1"));
+    }
+    Ok(v)
+}
+
 impl LaunchArgs {
+    fn routing_config(&self) -> Result<RoutingConfig, String> {
+        let policy: PolicyKind = self.policy.parse().map_err(|e| format!("--policy: {e}"))?;
+        let assignment_mode = match &self.assignment_mode {
+            Some(m) => m.parse().map_err(|e| format!("--assignment-mode: {e}"))?,
+            None => AssignmentMode::default_for(policy),
+        };
+        let mut headers = Vec::new();
+        for h in &self.routing_key_headers {
+            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+                return Err(format!("--routing-key-headers: '{h}' is not a header name"));
+            }
+            headers.push(h.to_ascii_lowercase());
+        }
+        if self.max_tree_size == 0 {
+            return Err("--max-tree-size: must be at least 1".into());
+        }
+        if self.prefix_token_count == 0 {
+            return Err("--prefix-token-count: must be at least 1".into());
+        }
+        Ok(RoutingConfig {
+            policy,
+            cache_threshold: unit_range("--cache-threshold", self.cache_threshold)?,
+            balance_abs_threshold: self.balance_abs_threshold,
+            balance_rel_threshold: at_least_one("--balance-rel-threshold", self.balance_rel_threshold)?,
+            eviction_interval_secs: positive("--eviction-interval", self.eviction_interval)?.as_secs(),
+            max_tree_size: self.max_tree_size,
+            prefix_token_count: self.prefix_token_count,
+            prefix_hash_load_factor: at_least_one("--prefix-hash-load-factor", self.prefix_hash_load_factor)?,
+            prefix_hash_balance_abs_threshold: self.prefix_hash_balance_abs_threshold,
+            max_idle_secs: self.max_idle_secs,
+            assignment_mode,
+            routing_key_override: self.routing_key_override,
+            routing_key_headers: headers,
+        })
+    }
+
     pub fn into_config(self) -> Result<Config, String> {
         let workers = self
             .worker_urls
@@ -182,7 +256,8 @@ impl LaunchArgs {
         Ok(Config {
             workers,
             listen: SocketAddr::new(ip, self.port),
-            policy: self.policy.parse()?,
+            routing: self.routing_config()?,
+            load_interval: positive("--load-monitor-interval", self.load_monitor_interval)?,
             max_payload_size: self.max_payload_size,
             request_timeout: positive("--request-timeout-secs", self.request_timeout_secs)?,
             pool_idle_timeout: positive("--upstream-pool-idle-timeout-secs", self.upstream_pool_idle_timeout_secs)?,

@@ -10,5 +10,6 @@ pub mod api;
 pub mod config;
 pub mod demo;
 pub mod http;
+pub mod routing;
 pub mod runtime;
 pub mod workers;

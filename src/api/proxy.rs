@@ -11,12 +11,14 @@ use monoio::net::TcpStream;
 use sonic_rs::JsonValueTrait;
 
 use super::{ApiError, Endpoint};
-use crate::config::Policy;
 use crate::http::head::RequestHead;
 use crate::http::relay::{read_head, relay_body, HeadError, RelayEnd};
 use crate::http::response::reason;
 use crate::http::server::{Body, Finish};
 use crate::http::upstream::{self, ResponseBody, ResponseHead};
+use crate::routing::{
+    first_routing_key, parse_routing_tokens, scan_body, Candidate, RouteError, RouteInput, RoutingSignal, TextSource,
+};
 use crate::runtime::io::{write_all, Pair};
 use crate::runtime::shard::{LocalSnapshot, Shard};
 use crate::workers::health::WorkerEvent;
@@ -67,25 +69,73 @@ fn inspect(body: &[u8]) -> (Option<String>, bool) {
     (model, stream)
 }
 
-/// Phase: route. Picks a healthy worker that serves the model.
-fn route(shard: &Shard, ctx: &RequestCtx) -> Result<(usize, LocalSnapshot), ApiError> {
+fn text_source(ep: Endpoint) -> Option<TextSource> {
+    match ep {
+        Endpoint::ChatCompletions => Some(TextSource::Chat),
+        Endpoint::Completions => Some(TextSource::Completion),
+        Endpoint::Generate => Some(TextSource::Generate),
+        _ => None,
+    }
+}
+
+/// Phase: route. Picks a healthy worker that serves the model, by the shard's own policy
+/// state. The body is scanned only when the policy routes on text (or pins by `rid`), and
+/// not for text at all when a valid `X-SMG-Routing-Tokens` hint already says it.
+fn route(
+    shard: &Shard,
+    ctx: &RequestCtx,
+    head: &RequestHead,
+    buf: &[u8],
+    body: &[u8],
+) -> Result<(usize, LocalSnapshot), ApiError> {
     let snap = shard.snapshot();
-    let chosen = match snap.candidates(ctx.model.as_deref()) {
+    let list = match snap.candidates(ctx.model.as_deref()) {
         Candidates::UnknownModel => return Err(ApiError::model_not_found(ctx.model.as_deref().unwrap_or(""))),
         Candidates::AllDown => return Err(ApiError::no_available_workers(ctx.model.as_deref())),
-        Candidates::Healthy(list) => {
-            let i = match shard.cfg.policy {
-                Policy::RoundRobin => {
-                    let n = shard.rr.get();
-                    shard.rr.set(n.wrapping_add(1));
-                    n % list.len()
-                }
-                Policy::Random => (shard.next_random() % list.len() as u64) as usize,
-            };
-            list[i].id
-        }
+        Candidates::Healthy(list) => list,
     };
-    Ok((chosen, snap))
+    let cfg = &shard.cfg.routing;
+    let header = |name: &str| head.header(buf, name).and_then(|v| std::str::from_utf8(v).ok());
+    let hint = head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens);
+    let wants_text = cfg.policy.uses_text() && hint.is_none();
+    let fields = if wants_text || cfg.routing_key_override {
+        text_source(ctx.endpoint).and_then(|k| scan_body(k, body))
+    } else {
+        None
+    };
+    let (text, body_tokens) = match fields.as_ref().and_then(|f| f.signal.as_ref()) {
+        Some(RoutingSignal::Text(t)) => (Some(t.as_str()), None),
+        Some(RoutingSignal::Tokens(t)) => (None, Some(t.as_slice())),
+        None => (None, None),
+    };
+    let input = RouteInput {
+        model: ctx.model.as_deref().unwrap_or(""),
+        text,
+        tokens: hint.as_deref().or(body_tokens),
+        namespace: fields.as_ref().and_then(|f| f.namespace.as_deref()),
+        routing_key: first_routing_key(&cfg.routing_key_headers, |n| head.header(buf, n)),
+        target_worker: header("x-smg-target-worker"),
+        authorization: header("authorization"),
+        forwarded_for: header("x-forwarded-for"),
+        cookie: header("cookie"),
+        rid: if cfg.routing_key_override { fields.as_ref().and_then(|f| f.rid.as_deref()) } else { None },
+    };
+    let chosen = {
+        let load = shard.load.borrow();
+        let cands: Vec<Candidate<'_>> = list
+            .iter()
+            .map(|w| Candidate {
+                url: &w.url.url,
+                load: load.get(w.id).copied().unwrap_or(0),
+                engine_load: w.engine_load,
+            })
+            .collect();
+        shard.router.borrow_mut().pick_versioned(&input, &cands, snap.generation, Instant::now())
+    };
+    match chosen {
+        Ok(i) => Ok((list[i].id, snap.clone())),
+        Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(ctx.model.as_deref())),
+    }
 }
 
 fn upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], authority: &str, body_len: usize) {
@@ -169,7 +219,12 @@ pub async fn forward(
     };
 
     // Phase: route.
-    let (worker_id, snap) = match route(shard, &ctx) {
+    let body_bytes: &[u8] = match &body {
+        Body::None => &[],
+        Body::InBuf(r) => &buf[r.clone()],
+        Body::Decoded(v) => v,
+    };
+    let (worker_id, snap) = match route(shard, &ctx, head, &buf, body_bytes) {
         Ok(v) => v,
         Err(e) => return answer_error(client, &e, &ctx, buf).await,
     };

@@ -44,16 +44,20 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let sigset = block_signals();
     let cfg = Arc::new(cfg);
     let registry = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
-    let events = health::start(cfg.workers.clone(), Arc::clone(&registry), cfg.health_interval, cfg.health_timeout);
+    let times = health::ProbeTimes {
+        health_interval: cfg.health_interval,
+        timeout: cfg.health_timeout,
+        load_interval: (cfg.routing.policy == crate::routing::PolicyKind::LeastLoad).then_some(cfg.load_interval),
+    };
+    let events = health::start(cfg.workers.clone(), Arc::clone(&registry), times);
 
     let cores = allowed_cores();
     let (ready_tx, ready_rx) = flume::unbounded::<Result<(), String>>();
-    let mut inboxes = Vec::new();
+    let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::bounded::<ShardMsg>(64)).unzip();
     let mut threads = Vec::new();
-    for index in 0..cfg.cores {
-        let (tx, rx) = flume::bounded::<ShardMsg>(16);
-        inboxes.push(tx);
+    for (index, rx) in receivers.into_iter().enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
+        let peers: Vec<_> = inboxes.iter().enumerate().filter(|(i, _)| *i != index).map(|(_, tx)| tx.clone()).collect();
         let (cfg, registry, events, ready) =
             (Arc::clone(&cfg), Arc::clone(&registry), events.clone(), ready_tx.clone());
         let t = std::thread::Builder::new()
@@ -82,7 +86,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                         }
                     };
                     let _ = ready.send(Ok(()));
-                    let shard = Rc::new(Shard::new(index, cfg, registry, events));
+                    let shard = Rc::new(Shard::new(index, cfg, registry, events, peers));
                     shard.serve(listener, rx).await;
                 });
             })

@@ -11,15 +11,23 @@ use monoio::net::{ListenerOpts, TcpListener};
 
 use crate::config::Config;
 use crate::http::upstream::Pool;
+use crate::routing::{Digest, ShardRouter};
 use crate::workers::health::WorkerEvent;
 use crate::workers::{Registry, Snapshot};
 
-/// Control → shard messages (bounded inbox, never awaited on the request path).
-#[derive(Debug, Clone, Copy)]
+/// Messages into a shard's bounded inbox: from the control thread, and cache-aware insert
+/// digests from peer shards. Always sent with `try_send`, never awaited on a request path.
+#[derive(Debug, Clone)]
 pub enum ShardMsg {
     /// Stop accepting; finish in-flight requests within the grace period; exit.
     Drain,
+    /// A peer's recent cache-aware inserts, replayed into this shard's trees.
+    Digest(Arc<Digest>),
 }
+
+/// How often a shard hands its cache-aware inserts to its peers. A conversation's next turn
+/// arrives seconds later, so 100 ms keeps every shard's tree current (see routing/cache_aware.rs).
+const DIGEST_EVERY: Duration = Duration::from_millis(100);
 
 /// A request's handle on the Snapshot. The extra Rc is the point: cloning it per request
 /// touches only this core's memory, where cloning the Arc would bounce one refcount cache
@@ -48,7 +56,8 @@ pub struct Shard {
     pub pool: Pool,
     /// In-flight requests per worker id on this shard (the policies' load signal).
     pub load: RefCell<Vec<usize>>,
-    pub rr: Cell<usize>,
+    pub router: RefCell<ShardRouter>,
+    peers: Vec<flume::Sender<ShardMsg>>,
     rng: Cell<u64>,
     /// Requests between head and the end of their response; drain waits for zero.
     pub inflight: Cell<usize>,
@@ -61,22 +70,29 @@ pub struct Shard {
 // === impl Shard ===
 
 impl Shard {
-    pub fn new(index: usize, cfg: Arc<Config>, registry: Registry, events: flume::Sender<WorkerEvent>) -> Self {
+    pub fn new(
+        index: usize,
+        cfg: Arc<Config>,
+        registry: Registry,
+        events: flume::Sender<WorkerEvent>,
+        peers: Vec<flume::Sender<ShardMsg>>,
+    ) -> Self {
         let mut cache = arc_swap::Cache::new(registry);
         let local = LocalSnapshot(Rc::new(Arc::clone(cache.load())));
         let seed = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
         Shard {
             index,
             pool: Pool::new(cfg.pool_idle_timeout),
-            cfg,
             snapshot: RefCell::new(SnapshotCache { cache, local }),
             load: RefCell::new(Vec::new()),
-            rr: Cell::new(index),
+            router: RefCell::new(ShardRouter::new(&cfg.routing, index, cfg.cores)),
+            peers,
             rng: Cell::new(seed | 1),
             inflight: Cell::new(0),
             connections: Cell::new(0),
             draining: Cell::new(false),
             events,
+            cfg,
         }
     }
 
@@ -91,7 +107,7 @@ impl Shard {
         local.clone()
     }
 
-    /// xorshift64*: request ids and the random policy; quality is plenty for both.
+    /// xorshift64*: request ids; quality is plenty for that.
     pub fn next_random(&self) -> u64 {
         let mut x = self.rng.get();
         x ^= x >> 12;
@@ -111,12 +127,18 @@ impl Shard {
 
     /// Accepts until drained, then waits for in-flight requests (bounded by the grace period).
     pub async fn serve(self: Rc<Self>, listener: TcpListener, inbox: flume::Receiver<ShardMsg>) {
-        let sweeper = {
+        let ticker = {
             let shard = Rc::clone(&self);
             monoio::spawn(async move {
+                let mut n = 0u32;
                 loop {
-                    monoio::time::sleep(Duration::from_secs(1)).await;
-                    shard.pool.sweep();
+                    monoio::time::sleep(DIGEST_EVERY).await;
+                    shard.share_digest();
+                    n += 1;
+                    if n.is_multiple_of(10) {
+                        shard.pool.sweep();
+                        shard.router.borrow_mut().tick(std::time::Instant::now());
+                    }
                 }
             })
         };
@@ -134,6 +156,7 @@ impl Shard {
                     }
                 },
                 msg = inbox.recv_async() => match msg {
+                    Ok(ShardMsg::Digest(d)) => self.router.borrow_mut().apply_digest(&d),
                     Ok(ShardMsg::Drain) | Err(_) => break,
                 },
             }
@@ -147,7 +170,20 @@ impl Shard {
         if self.inflight.get() > 0 {
             crate::warn!("shard {}: grace period over with {} requests in flight", self.index, self.inflight.get());
         }
-        drop(sweeper);
+        drop(ticker);
+    }
+
+    /// Sends this shard's recent cache-aware inserts to every peer. A full peer inbox drops
+    /// the digest for that peer: routing quality degrades a little, nothing blocks.
+    fn share_digest(&self) {
+        if self.peers.is_empty() {
+            return;
+        }
+        let Some(d) = self.router.borrow_mut().take_digest() else { return };
+        let d = Arc::new(d);
+        for p in &self.peers {
+            let _ = p.try_send(ShardMsg::Digest(Arc::clone(&d)));
+        }
     }
 }
 

@@ -18,19 +18,24 @@ pub enum WorkerEvent {
 
 const DOWN_RETRY: Duration = Duration::from_secs(1);
 
-struct Update {
-    id: usize,
-    model: Option<String>,
-    healthy: bool,
+/// Prober → publisher.
+enum Update {
+    Health { id: usize, model: Option<String>, healthy: bool },
+    Load { id: usize, load: Option<u64> },
+}
+
+/// How often to look at workers.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeTimes {
+    pub health_interval: Duration,
+    pub timeout: Duration,
+    /// Poll `/v1/loads` this often (least_load); None = never.
+    pub load_interval: Option<Duration>,
 }
 
 /// Starts the probers and the publisher; returns the sender shards report events on.
-pub fn start(
-    urls: Vec<WorkerUrl>,
-    registry: Registry,
-    interval: Duration,
-    timeout: Duration,
-) -> flume::Sender<WorkerEvent> {
+pub fn start(urls: Vec<WorkerUrl>, registry: Registry, times: ProbeTimes) -> flume::Sender<WorkerEvent> {
+    let ProbeTimes { health_interval: interval, timeout, load_interval } = times;
     let (event_tx, event_rx) = flume::bounded::<WorkerEvent>(1024);
     let (update_tx, update_rx) = flume::unbounded::<Update>();
     let mut kicks = Vec::new();
@@ -40,8 +45,18 @@ pub fn start(
         let updates = update_tx.clone();
         std::thread::Builder::new()
             .name(format!("smg-probe-{id}"))
-            .spawn(move || prober(id, url, interval, timeout, kick_rx, updates))
+            .spawn({
+                let url = url.clone();
+                move || prober(id, url, interval, timeout, kick_rx, updates)
+            })
             .expect("spawn prober thread");
+        if let Some(every) = load_interval {
+            let updates = update_tx.clone();
+            std::thread::Builder::new()
+                .name(format!("smg-loads-{id}"))
+                .spawn(move || load_poller(id, url, every, timeout, updates))
+                .expect("spawn load poller thread");
+        }
     }
     // Shard events become kicks to the right prober (coalesced: a full kick channel
     // means a probe is already pending).
@@ -58,22 +73,36 @@ pub fn start(
     std::thread::Builder::new()
         .name("smg-publish".into())
         .spawn(move || {
-            let mut workers: Vec<Worker> =
-                urls.into_iter().enumerate().map(|(id, url)| Worker { id, url, model: None, healthy: false }).collect();
+            let mut workers: Vec<Worker> = urls
+                .into_iter()
+                .enumerate()
+                .map(|(id, url)| Worker { id, url, model: None, healthy: false, engine_load: None })
+                .collect();
+            let mut generation = 0u64;
             while let Ok(u) = update_rx.recv() {
-                let w = &mut workers[u.id];
-                if u.model.is_some() {
-                    w.model = u.model;
-                }
-                if w.healthy != u.healthy {
-                    if u.healthy {
-                        crate::info!("worker {} is up (model {})", w.url.url, w.model.as_deref().unwrap_or("?"));
-                    } else {
-                        crate::warn!("worker {} is down", w.url.url);
+                match u {
+                    Update::Health { id, model, healthy } => {
+                        let w = &mut workers[id];
+                        if model.is_some() {
+                            w.model = model;
+                        }
+                        if w.healthy != healthy {
+                            if healthy {
+                                crate::info!(
+                                    "worker {} is up (model {})",
+                                    w.url.url,
+                                    w.model.as_deref().unwrap_or("?")
+                                );
+                            } else {
+                                crate::warn!("worker {} is down", w.url.url);
+                            }
+                        }
+                        w.healthy = healthy;
                     }
+                    Update::Load { id, load } => workers[id].engine_load = load,
                 }
-                w.healthy = u.healthy;
-                registry.store(Arc::new(Snapshot::new(workers.clone())));
+                generation += 1;
+                registry.store(Arc::new(Snapshot::new(generation, workers.clone())));
             }
         })
         .expect("spawn publisher thread");
@@ -100,7 +129,7 @@ fn prober(
         }
         let now_healthy = up && model.is_some();
         let changed = first || now_healthy != healthy || new_model.is_some();
-        if changed && updates.send(Update { id, model: new_model, healthy: now_healthy }).is_err() {
+        if changed && updates.send(Update::Health { id, model: new_model, healthy: now_healthy }).is_err() {
             return;
         }
         first = false;
@@ -110,5 +139,23 @@ fn prober(
             Ok(()) | Err(flume::RecvTimeoutError::Timeout) => {}
             Err(flume::RecvTimeoutError::Disconnected) => return,
         }
+    }
+}
+
+/// least_load: polls the worker's `/v1/loads` (SGLang's schema) on `--load-monitor-interval`.
+fn load_poller(id: usize, url: WorkerUrl, every: Duration, timeout: Duration, updates: flume::Sender<Update>) {
+    let mut last = None;
+    loop {
+        let load = probe::get(&url, "/v1/loads", timeout)
+            .ok()
+            .filter(|r| (200..300).contains(&r.status))
+            .and_then(|r| crate::routing::parse_sglang_loads(&r.body));
+        if load != last {
+            if updates.send(Update::Load { id, load }).is_err() {
+                return;
+            }
+            last = load;
+        }
+        std::thread::sleep(every);
     }
 }

@@ -20,10 +20,14 @@ pub struct Worker {
     pub model: Option<String>,
     /// Routable: answered its health check and the model probe.
     pub healthy: bool,
+    /// The last load the worker reported on `/v1/loads` (least_load only).
+    pub engine_load: Option<u64>,
 }
 
 #[derive(Debug, Default)]
 pub struct Snapshot {
+    /// Bumped on every publish; routing uses it to skip re-fingerprinting worker lists.
+    pub generation: u64,
     pub workers: Vec<Worker>,
     /// Model id → ids of the workers that serve it, healthy or not, in registration order.
     by_model: HashMap<String, Vec<usize>>,
@@ -42,7 +46,7 @@ pub enum Candidates<'a> {
 // === impl Snapshot ===
 
 impl Snapshot {
-    pub fn new(workers: Vec<Worker>) -> Self {
+    pub fn new(generation: u64, workers: Vec<Worker>) -> Self {
         let mut by_model: HashMap<String, Vec<usize>> = HashMap::new();
         let mut models: Vec<&str> = Vec::new();
         for w in &workers {
@@ -58,7 +62,7 @@ impl Snapshot {
         let listed: Vec<&str> =
             models.into_iter().filter(|m| by_model[*m].iter().any(|id| workers[*id].healthy)).collect();
         let models_body = (!listed.is_empty()).then(|| render_models(&listed));
-        Snapshot { workers, by_model, models_body }
+        Snapshot { generation, workers, by_model, models_body }
     }
 
     /// True once any worker is routable (GET /readiness).
@@ -115,17 +119,16 @@ mod tests {
             url: WorkerUrl::parse(&format!("http://127.0.0.1:{}", 1000 + id)).unwrap(),
             model: model.map(Into::into),
             healthy,
+            engine_load: None,
         }
     }
 
     #[test]
     fn models_listed_once_and_only_when_routable() {
-        let s = Snapshot::new(vec![
-            w(0, Some("a"), true),
-            w(1, Some("a"), true),
-            w(2, Some("b"), false),
-            w(3, None, false),
-        ]);
+        let s = Snapshot::new(
+            1,
+            vec![w(0, Some("a"), true), w(1, Some("a"), true), w(2, Some("b"), false), w(3, None, false)],
+        );
         let body = String::from_utf8(s.models_body.clone().unwrap()).unwrap();
         assert_eq!(
             body,
@@ -137,6 +140,6 @@ mod tests {
             Candidates::Healthy(v) => assert_eq!(v.len(), 2),
             _ => panic!(),
         }
-        assert!(Snapshot::new(vec![w(0, None, false)]).models_body.is_none());
+        assert!(Snapshot::new(1, vec![w(0, None, false)]).models_body.is_none());
     }
 }
