@@ -1,0 +1,43 @@
+//! smg-load entry point: `run` drives one target, `compare` runs targets side by side.
+
+use clap::{Parser, Subcommand};
+
+use smg_loadtest::load::compare::{self, CompareArgs};
+use smg_loadtest::load::run::{self, RunArgs};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Load generator for LLM gateways and workers (HTTP/1.1, keep-alive, SSE-aware).
+#[derive(Parser)]
+#[command(name = "smg-load", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Drive one target and report throughput, latency, TTFT, ITL, errors, cache ratio, target CPU.
+    Run(RunArgs),
+    /// Run one scenario against direct-to-simulator, smg, nginx and Python SMG, interleaved, and print ratios.
+    Compare(CompareArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Run(args) => args.plan().and_then(|p| run::execute(&p)).map(|r| {
+            if args.json {
+                println!("{}", r.to_json());
+            } else {
+                print!("{}", r.to_table());
+            }
+        }),
+        Cmd::Compare(args) => compare::run(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("smg-load: {e}");
+        std::process::exit(1);
+    }
+}

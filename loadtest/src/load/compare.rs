@@ -1,0 +1,498 @@
+//! `smg-load compare`: one scenario against several targets, interleaved A B A B, with the pinning from DESIGN.md, then a ratio table.
+//!
+//! Targets: `direct` (the simulator itself), `smg` (this gateway's binary), `nginx` (reverse
+//! proxy with upstream keep-alive) and `smg-python` (the `pip install smg` launcher). Missing
+//! peers are skipped with a note, so the comparison always runs. The system under test is pinned
+//! to `--sut-core`; the simulator and the load generator share `--load-core`. Each target is
+//! started fresh per round and stopped after it, so no target warms caches for another.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Serialize;
+
+use crate::load::report::Report;
+use crate::load::run::{execute, LoadPlan, Mode};
+use crate::load::scenario::Scenario;
+use crate::rt;
+
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// Scenario file or name.
+    #[arg(long, default_value = "chat-1k")]
+    pub scenario: String,
+    /// Targets in run order: direct, smg, nginx, smg-python.
+    #[arg(long, default_value = "direct,smg,nginx,smg-python")]
+    pub targets: String,
+    /// Rounds; each round runs every target once, in order.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Measured time per target per round.
+    #[arg(long, value_parser = rt::parse_duration, default_value = "5s")]
+    pub duration: Duration,
+    /// Unrecorded warm-up per target per round.
+    #[arg(long, value_parser = rt::parse_duration, default_value = "1s")]
+    pub warmup: Duration,
+    /// Closed-loop connections.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Core of the system under test.
+    #[arg(long, default_value_t = 1)]
+    pub sut_core: usize,
+    /// Core of the load generator and the simulator.
+    #[arg(long, default_value_t = 0)]
+    pub load_core: usize,
+    /// smg-sim binary (default: next to this executable).
+    #[arg(long)]
+    pub sim_bin: Option<PathBuf>,
+    /// Extra smg-sim flags, space separated (e.g. "--ttft-ms 5 --itl-ms 1").
+    #[arg(long, default_value = "")]
+    pub sim_args: String,
+    /// Gateway binary (default: $SMG_BIN, else target/release/smg of this workspace).
+    #[arg(long)]
+    pub gateway_bin: Option<PathBuf>,
+    /// nginx binary (default: nginx on PATH or /usr/sbin/nginx).
+    #[arg(long)]
+    pub nginx_bin: Option<PathBuf>,
+    /// Python SMG launcher (default: an `smg` script on PATH).
+    #[arg(long)]
+    pub smg_python_bin: Option<PathBuf>,
+    /// Print rows as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One target's aggregated result.
+#[derive(Serialize, Clone, Debug)]
+pub struct Row {
+    pub target: String,
+    pub rounds: usize,
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// CPU µs per request of the system under test (None for direct).
+    pub cpu_us_per_request: Option<f64>,
+    pub errors: u64,
+    pub rps_vs_direct: Option<f64>,
+    pub p50_vs_direct: Option<f64>,
+    pub p99_vs_direct: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Direct,
+    Smg,
+    Nginx,
+    SmgPython,
+}
+
+struct Target {
+    kind: Kind,
+    name: &'static str,
+    bin: Option<PathBuf>,
+}
+
+/// A started child process, stopped (SIGTERM, then SIGKILL) when dropped.
+struct Proc {
+    child: Child,
+    _dir: Option<TempDir>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet (so the pid
+        // cannot have been reused); it only sends a signal.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A scratch directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> std::io::Result<Self> {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let p = std::env::temp_dir().join(format!("smg-compare-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("free port: {e}"))?;
+    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// True when the file starts with a shebang naming python (pip console scripts do).
+fn is_python_script(p: &Path) -> bool {
+    let mut head = [0u8; 128];
+    let n = std::fs::File::open(p).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    head[..n].starts_with(b"#!") && memchr::memmem::find(&head[..n], b"python").is_some()
+}
+
+/// Prefix with `taskset -c CORE` when taskset exists, so the child starts pinned.
+fn pinned(core: usize, program: &Path) -> Command {
+    match on_path("taskset") {
+        Some(ts) => {
+            let mut c = Command::new(ts);
+            c.arg("-c").arg(core.to_string()).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Sends one request with blocking I/O and returns the status code.
+fn probe(addr: SocketAddr, req: &[u8]) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(req).ok()?;
+    let mut buf = [0u8; 64];
+    let mut n = 0;
+    while n < 12 {
+        let r = s.read(&mut buf[n..]).ok()?;
+        if r == 0 {
+            return None;
+        }
+        n += r;
+    }
+    std::str::from_utf8(&buf[9..12]).ok()?.parse().ok()
+}
+
+fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(format!("exited during start-up ({st})"));
+        }
+        if probe(addr, req) == Some(200) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!("not ready within {within:?}"))
+}
+
+fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
+    let bin = match &args.sim_bin {
+        Some(b) => b.clone(),
+        None => std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("smg-sim"),
+    };
+    let mut cmd = pinned(args.load_core, &bin);
+    let models = if scenario.models.is_empty() { vec![scenario.model.clone()] } else { scenario.models.clone() };
+    for m in &models {
+        cmd.arg("--worker").arg(format!("0:{m}"));
+    }
+    cmd.arg("--cores").arg(args.load_core.to_string());
+    cmd.args(args.sim_args.split_whitespace());
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", bin.display()))?;
+    let stdout = child.stdout.take().ok_or("no sim stdout")?;
+    let mut ports = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        if let Some(rest) = line.strip_prefix("listening ") {
+            let addr = rest.split_whitespace().next().unwrap_or("");
+            let port = addr.rsplit(':').next().and_then(|p| p.parse().ok());
+            ports.push(port.ok_or_else(|| format!("bad sim line {line:?}"))?);
+        } else if line.starts_with("ready") {
+            break;
+        }
+    }
+    if ports.is_empty() {
+        let _ = child.kill();
+        return Err("smg-sim did not start".into());
+    }
+    Ok((Proc { child, _dir: None }, ports))
+}
+
+fn nginx_conf(dir: &Path, port: u16, upstreams: &[u16]) -> String {
+    let servers: String = upstreams.iter().map(|p| format!("    server 127.0.0.1:{p};\n")).collect();
+    let d = dir.display();
+    format!(
+        "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log error;\n\
+events {{ worker_connections 8192; }}\n\
+http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  client_max_body_size 64m;\n  client_body_buffer_size 1m;\n  keepalive_requests 1000000;\n\
+  upstream sim {{\n{servers}    keepalive 64;\n  }}\n\
+  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://sim;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
+    )
+}
+
+/// Starts the system under test; None for direct.
+fn start_target(
+    t: &Target,
+    args: &CompareArgs,
+    sim_ports: &[u16],
+    probe_req: &dyn Fn(u16) -> Vec<u8>,
+) -> Result<(Option<Proc>, u16), String> {
+    let worker_urls: Vec<String> = sim_ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let port = free_port()?;
+    let (mut child, dir) = match t.kind {
+        Kind::Direct => return Ok((None, sim_ports[0])),
+        Kind::Smg | Kind::SmgPython => {
+            let bin = t.bin.as_ref().ok_or("no binary")?;
+            let mut cmd = pinned(args.sut_core, bin);
+            cmd.arg("launch").arg("--worker-urls").args(&worker_urls);
+            cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
+            if t.kind == Kind::Smg {
+                cmd.args(["--cores", "1"]);
+            }
+            let child = cmd
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("start {}: {e}", bin.display()))?;
+            (child, None)
+        }
+        Kind::Nginx => {
+            let bin = t.bin.as_ref().ok_or("no binary")?;
+            let dir = TempDir::new("nginx").map_err(|e| e.to_string())?;
+            let conf = dir.0.join("nginx.conf");
+            std::fs::write(&conf, nginx_conf(&dir.0, port, sim_ports)).map_err(|e| e.to_string())?;
+            let child = pinned(args.sut_core, bin)
+                .arg("-p")
+                .arg(&dir.0)
+                .arg("-c")
+                .arg(&conf)
+                .arg("-e")
+                .arg(dir.0.join("error.log"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("start {}: {e}", bin.display()))?;
+            (child, Some(dir))
+        }
+    };
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    if let Err(e) = wait_ready(addr, &probe_req(port), &mut child, Duration::from_secs(30)) {
+        drop(Proc { child, _dir: dir });
+        return Err(e);
+    }
+    Ok((Some(Proc { child, _dir: dir }), port))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Target>, String> {
+    let mut out = Vec::new();
+    for name in args.targets.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (kind, name, bin) = match name {
+            "direct" => (Kind::Direct, "direct", None),
+            "smg" => {
+                let bin = args.gateway_bin.clone().or_else(|| {
+                    std::env::var_os("SMG_BIN")
+                        .map(PathBuf::from)
+                        .or_else(|| Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/smg")))
+                });
+                (Kind::Smg, "smg", bin.filter(|b| b.is_file()))
+            }
+            "nginx" => {
+                let bin = args
+                    .nginx_bin
+                    .clone()
+                    .or_else(|| on_path("nginx"))
+                    .or_else(|| Some(PathBuf::from("/usr/sbin/nginx")));
+                (Kind::Nginx, "nginx", bin.filter(|b| b.is_file()))
+            }
+            "smg-python" => {
+                let bin = args.smg_python_bin.clone().or_else(|| on_path("smg"));
+                (Kind::SmgPython, "smg-python", bin.filter(|b| b.is_file() && is_python_script(b)))
+            }
+            other => return Err(format!("unknown target {other:?} (direct, smg, nginx, smg-python)")),
+        };
+        if kind != Kind::Direct && bin.is_none() {
+            notes.push(format!("{name}: skipped (not installed; see --help for how to point at it)"));
+            continue;
+        }
+        out.push(Target { kind, name, bin });
+    }
+    Ok(out)
+}
+
+pub fn run(args: &CompareArgs) -> Result<(), String> {
+    let scenario = Scenario::load(&args.scenario)?;
+    let mut notes = Vec::new();
+    let targets = find_targets(args, &mut notes)?;
+    if targets.is_empty() {
+        return Err("no target to run".into());
+    }
+    if on_path("taskset").is_none() {
+        notes.push("taskset not found: processes run unpinned".into());
+    }
+    rt::pin_to(args.load_core);
+    let (_sim, sim_ports) = start_sim(args, &scenario)?;
+    let req_for = |port: u16| -> Vec<u8> {
+        let host = format!("127.0.0.1:{port}");
+        scenario.requests(&host, None, &[]).swap_remove(0).to_vec()
+    };
+    let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
+    for round in 0..args.rounds.max(1) {
+        for (i, t) in targets.iter().enumerate() {
+            let (proc_, port) = match start_target(t, args, &sim_ports, &req_for) {
+                Ok(x) => x,
+                Err(e) => {
+                    notes.push(format!("{} round {}: {e}", t.name, round + 1));
+                    continue;
+                }
+            };
+            let host = format!("127.0.0.1:{port}");
+            let plan = LoadPlan {
+                addr: ([127, 0, 0, 1], port).into(),
+                url: format!("http://{host}"),
+                scenario_name: scenario.name.clone(),
+                requests: Arc::new(scenario.requests(&host, None, &[])),
+                mode: Mode::Closed { concurrency: args.concurrency },
+                duration: Some(args.duration),
+                count: None,
+                warmup: args.warmup,
+                timeout: Duration::from_secs(30),
+                threads: 1,
+                cores: Some(vec![args.load_core]),
+                parse_usage: true,
+                progress: false,
+                target_pids: proc_.as_ref().map(|p| vec![p.child.id()]).unwrap_or_default(),
+            };
+            let report = execute(&plan)?;
+            drop(proc_);
+            eprintln!(
+                "round {} {:<10} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}",
+                round + 1,
+                t.name,
+                report.rps,
+                report.latency_ms.as_ref().map_or(0.0, |p| p.p50),
+                report.latency_ms.as_ref().map_or(0.0, |p| p.p99),
+                report.errors
+            );
+            results[i].push(report);
+        }
+    }
+    let mut rows: Vec<Row> = targets
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(t, r)| Row {
+            target: t.name.to_string(),
+            rounds: r.len(),
+            rps: median(r.iter().map(|x| x.rps).collect()),
+            p50_ms: median(r.iter().map(|x| x.latency_ms.as_ref().map_or(0.0, |p| p.p50)).collect()),
+            p99_ms: median(r.iter().map(|x| x.latency_ms.as_ref().map_or(0.0, |p| p.p99)).collect()),
+            cpu_us_per_request: (t.kind != Kind::Direct)
+                .then(|| median(r.iter().filter_map(|x| x.target_cpu.first().map(|c| c.cpu_us_per_request)).collect())),
+            errors: r.iter().map(|x| x.errors).sum(),
+            rps_vs_direct: None,
+            p50_vs_direct: None,
+            p99_vs_direct: None,
+        })
+        .collect();
+    if let Some(d) = rows.iter().find(|r| r.target == "direct").cloned() {
+        let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+        for r in &mut rows {
+            r.rps_vs_direct = ratio(r.rps, d.rps);
+            r.p50_vs_direct = ratio(r.p50_ms, d.p50_ms);
+            r.p99_vs_direct = ratio(r.p99_ms, d.p99_ms);
+        }
+    }
+    if args.json {
+        println!("{}", sonic_rs::to_string_pretty(&rows).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "scenario {}  concurrency {}  {} rounds x {:?} (medians)  SUT core {}, load+sim core {}",
+            scenario.name, args.concurrency, args.rounds, args.duration, args.sut_core, args.load_core
+        );
+        println!(
+            "{:<11} {:>10} {:>9} {:>9} {:>12} {:>10} {:>10} {:>10} {:>7}",
+            "target", "req/s", "p50 ms", "p99 ms", "cpu µs/req", "rps/direct", "p50/direct", "p99/direct", "errors"
+        );
+        let f = |v: Option<f64>, prec: usize| v.map_or_else(|| "-".to_string(), |x| format!("{x:.prec$}"));
+        for r in &rows {
+            println!(
+                "{:<11} {:>10.0} {:>9.3} {:>9.3} {:>12} {:>10} {:>10} {:>10} {:>7}",
+                r.target,
+                r.rps,
+                r.p50_ms,
+                r.p99_ms,
+                f(r.cpu_us_per_request, 2),
+                f(r.rps_vs_direct, 2),
+                f(r.p50_vs_direct, 2),
+                f(r.p99_vs_direct, 2),
+                r.errors
+            );
+        }
+    }
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nginx_conf_has_the_essentials() {
+        let c = nginx_conf(Path::new("/tmp/x"), 8080, &[1, 2]);
+        for needle in [
+            "worker_processes 1;",
+            "daemon off;",
+            "pid /tmp/x/nginx.pid;",
+            "keepalive 64;",
+            "proxy_http_version 1.1;",
+            "proxy_buffering off;",
+            "access_log off;",
+            "server 127.0.0.1:2;",
+            "listen 127.0.0.1:8080;",
+        ] {
+            assert!(c.contains(needle), "{needle}");
+        }
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0]), 2.5);
+        assert_eq!(median(vec![]), 0.0);
+    }
+}

@@ -1,0 +1,267 @@
+//! smg-sim command line: which workers to serve (ports, models, runtimes) and their timing and fault knobs.
+
+use clap::{Parser, ValueEnum};
+
+/// Which engine's HTTP surface a simulated worker presents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Runtime {
+    Sglang,
+    Vllm,
+}
+
+// === impl Runtime ===
+
+impl Runtime {
+    pub fn name(self) -> &'static str {
+        match self {
+            Runtime::Sglang => "sglang",
+            Runtime::Vllm => "vllm",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "sglang" => Ok(Runtime::Sglang),
+            "vllm" => Ok(Runtime::Vllm),
+            other => Err(format!("unknown runtime {other:?} (sglang or vllm)")),
+        }
+    }
+}
+
+/// Simulated inference workers (SGLang / vLLM HTTP surface) for gateway tests and benchmarks.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "smg-sim", version)]
+pub struct SimArgs {
+    /// Ports to serve, one worker each: "18001-18016,18020". Port 0 picks a free port (printed at start).
+    #[arg(long)]
+    pub ports: Option<String>,
+    /// Model served by the --ports workers.
+    #[arg(long, default_value = "sim-model")]
+    pub model: String,
+    /// Engine surface of the --ports workers.
+    #[arg(long, value_enum, default_value = "sglang")]
+    pub runtime: Runtime,
+    /// Extra workers with their own model and runtime: "PORTS:MODEL[:RUNTIME]", repeatable.
+    #[arg(long = "worker", value_name = "PORTS:MODEL[:RUNTIME]")]
+    pub workers: Vec<String>,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Runtime threads; workers are spread over them, each worker owned by one thread.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Cores to pin the threads to ("0", "0-3"); unpinned when absent.
+    #[arg(long)]
+    pub cores: Option<String>,
+
+    /// Base time to first token, in ms.
+    #[arg(long, default_value_t = 0.0)]
+    pub ttft_ms: f64,
+    /// Time between output tokens, in ms.
+    #[arg(long, default_value_t = 0.0)]
+    pub itl_ms: f64,
+    /// Prefill cost per prompt token not found in the prefix cache, in µs (added to TTFT).
+    #[arg(long, default_value_t = 0.0)]
+    pub prefill_us_per_token: f64,
+    /// ITL grows by this fraction when every batch slot is busy (linear in between): decode slows with batch size.
+    #[arg(long, default_value_t = 0.0)]
+    pub itl_batch_factor: f64,
+    /// Output tokens when the request gives no max_tokens.
+    #[arg(long, default_value_t = 16)]
+    pub output_tokens: u32,
+    /// Upper bound on output tokens whatever the request asks.
+    #[arg(long, default_value_t = 32_768)]
+    pub max_output_tokens: u32,
+    /// Continuous-batching slots per worker; further requests wait in a FIFO queue.
+    #[arg(long, default_value_t = 256)]
+    pub max_running: usize,
+    /// Prefix cache size per worker in tokens (0 disables the cache).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub cache_tokens: usize,
+    /// Prefix cache block size in tokens (only whole blocks are cached, as in paged KV caches).
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: usize,
+    /// Prompt bytes per token when counting tokens (the simulator has no tokenizer).
+    #[arg(long, default_value_t = 4)]
+    pub bytes_per_token: usize,
+    /// Length of the vectors /v1/embeddings returns.
+    #[arg(long, default_value_t = 16)]
+    pub embedding_dim: usize,
+
+    /// Fraction of inference requests answered with --fail-status.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Status of injected failures.
+    #[arg(long, default_value_t = 500)]
+    pub fail_status: u16,
+    /// Fraction of inference requests that never get an answer (the connection stays open until the client leaves).
+    #[arg(long, default_value_t = 0.0)]
+    pub hang_rate: f64,
+    /// Fraction of inference responses cut off mid-body (streams stop without the final chunk).
+    #[arg(long, default_value_t = 0.0)]
+    pub truncate_rate: f64,
+    /// Tokens sent before a truncated stream stops (default: half the output).
+    #[arg(long)]
+    pub truncate_after_tokens: Option<u32>,
+    /// The worker dies (closes its port and connections) after serving this many inference requests.
+    #[arg(long)]
+    pub die_after: Option<u64>,
+    /// Delay before each accept, in ms (a worker slow to take connections).
+    #[arg(long, default_value_t = 0)]
+    pub accept_delay_ms: u64,
+    /// /health answers 503 for this long after start, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub unhealthy_for_ms: u64,
+    /// /health answers 503 until POST /sim/control sets {"healthy": true}.
+    #[arg(long)]
+    pub start_unhealthy: bool,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_body: usize,
+}
+
+/// Timing knobs of one worker; `Copy` so the control endpoint can swap them in a `Cell`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timing {
+    pub ttft_us: u64,
+    pub itl_us: u64,
+    pub prefill_ns_per_token: u64,
+    pub itl_batch_factor: f64,
+    pub output_tokens: u32,
+    pub max_output_tokens: u32,
+}
+
+/// Fault knobs of one worker.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FaultPlan {
+    pub fail_rate: f64,
+    pub fail_status: u16,
+    pub hang_rate: f64,
+    pub truncate_rate: f64,
+    pub truncate_after_tokens: Option<u32>,
+    pub die_after: Option<u64>,
+    pub accept_delay_ms: u64,
+}
+
+/// Everything one simulated worker needs to start.
+#[derive(Clone, Debug)]
+pub struct WorkerSpec {
+    pub port: u16,
+    pub model: String,
+    pub runtime: Runtime,
+    pub timing: Timing,
+    pub faults: FaultPlan,
+    pub max_running: usize,
+    pub cache_tokens: usize,
+    pub block_tokens: usize,
+    pub bytes_per_token: usize,
+    pub embedding_dim: usize,
+    pub unhealthy_for_ms: u64,
+    pub start_unhealthy: bool,
+    pub max_body: usize,
+}
+
+// === impl SimArgs ===
+
+impl SimArgs {
+    /// Expands --ports and --worker into one spec per port.
+    pub fn worker_specs(&self) -> Result<Vec<WorkerSpec>, String> {
+        let mut groups: Vec<(Vec<u16>, String, Runtime)> = Vec::new();
+        if let Some(p) = &self.ports {
+            groups.push((crate::rt::parse_ports(p)?, self.model.clone(), self.runtime));
+        }
+        for w in &self.workers {
+            let mut parts = w.splitn(3, ':');
+            let ports = crate::rt::parse_ports(parts.next().unwrap_or(""))?;
+            let model = parts.next().filter(|m| !m.is_empty()).map_or_else(|| self.model.clone(), str::to_string);
+            let runtime = match parts.next() {
+                Some(r) => Runtime::parse(r)?,
+                None => self.runtime,
+            };
+            groups.push((ports, model, runtime));
+        }
+        if groups.is_empty() {
+            groups.push((vec![18001], self.model.clone(), self.runtime));
+        }
+        if self.max_running == 0 {
+            return Err("--max-running must be at least 1".into());
+        }
+        if self.bytes_per_token == 0 || self.block_tokens == 0 {
+            return Err("--bytes-per-token and --block-tokens must be at least 1".into());
+        }
+        let timing = Timing {
+            ttft_us: ms_to_us(self.ttft_ms),
+            itl_us: ms_to_us(self.itl_ms),
+            prefill_ns_per_token: (self.prefill_us_per_token.max(0.0) * 1000.0) as u64,
+            itl_batch_factor: self.itl_batch_factor.max(0.0),
+            output_tokens: self.output_tokens.max(1),
+            max_output_tokens: self.max_output_tokens.max(1),
+        };
+        let faults = FaultPlan {
+            fail_rate: self.fail_rate,
+            fail_status: self.fail_status,
+            hang_rate: self.hang_rate,
+            truncate_rate: self.truncate_rate,
+            truncate_after_tokens: self.truncate_after_tokens,
+            die_after: self.die_after,
+            accept_delay_ms: self.accept_delay_ms,
+        };
+        let mut specs = Vec::new();
+        for (ports, model, runtime) in groups {
+            for port in ports {
+                specs.push(WorkerSpec {
+                    port,
+                    model: model.clone(),
+                    runtime,
+                    timing,
+                    faults,
+                    max_running: self.max_running,
+                    cache_tokens: self.cache_tokens,
+                    block_tokens: self.block_tokens,
+                    bytes_per_token: self.bytes_per_token,
+                    embedding_dim: self.embedding_dim,
+                    unhealthy_for_ms: self.unhealthy_for_ms,
+                    start_unhealthy: self.start_unhealthy,
+                    max_body: self.max_body,
+                });
+            }
+        }
+        Ok(specs)
+    }
+}
+
+pub fn ms_to_us(ms: f64) -> u64 {
+    (ms.max(0.0) * 1000.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_expand_per_port() {
+        let args = SimArgs::parse_from([
+            "smg-sim",
+            "--ports",
+            "18001-18002",
+            "--model",
+            "a",
+            "--worker",
+            "18010:b:vllm",
+            "--worker",
+            "18011",
+        ]);
+        let specs = args.worker_specs().unwrap();
+        let got: Vec<_> = specs.iter().map(|s| (s.port, s.model.as_str(), s.runtime)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (18001, "a", Runtime::Sglang),
+                (18002, "a", Runtime::Sglang),
+                (18010, "b", Runtime::Vllm),
+                (18011, "a", Runtime::Sglang),
+            ]
+        );
+        assert!(SimArgs::parse_from(["smg-sim", "--worker", "1:m:tgi"]).worker_specs().is_err());
+    }
+}

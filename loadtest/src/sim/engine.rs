@@ -1,0 +1,194 @@
+//! Runs a generation job through the timing model: wait for a batch slot, prefill, then emit tokens on schedule.
+//!
+//! With zero TTFT and ITL nothing sleeps and a whole response leaves in one write, which is
+//! what lets one core serve >100k responses/s. With delays, SSE events are flushed exactly when
+//! each token is due (deadlines from admission, so sleeps do not drift).
+
+use std::io;
+use std::rc::Rc;
+
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+
+use crate::sim::render::{flush_events, put_head, Framing, Gen, DONE_EVENT};
+use crate::sim::request::Api;
+use crate::sim::routes::Job;
+use crate::sim::timing::{self, Schedule};
+use crate::sim::worker::{bump, Worker};
+use crate::wire::LAST_CHUNK;
+
+/// Per-connection scratch buffers, reused across requests.
+#[derive(Default)]
+pub struct Scratch {
+    /// Bytes about to be written to the socket.
+    pub out: Vec<u8>,
+    /// SSE events (or a JSON body) being assembled.
+    pub events: Vec<u8>,
+    /// The repeated start of every chunk of one stream.
+    pub prefix: Vec<u8>,
+}
+
+/// Writes and clears `out`, keeping its allocation.
+pub async fn write_out(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let buf = std::mem::take(out);
+    let (res, mut buf) = stream.write_all(buf).await;
+    buf.clear();
+    *out = buf;
+    res.map(|_| ())
+}
+
+/// Runs `job`; returns whether the connection may be reused.
+pub async fn run(
+    w: &Rc<Worker>,
+    job: Job,
+    stream: &mut TcpStream,
+    s: &mut Scratch,
+    keep_alive: bool,
+) -> io::Result<bool> {
+    let permit = w.slots.acquire().await;
+    let admitted = Instant::now();
+    let held_tokens = job.prompt_tokens + job.output_tokens as u64;
+    bump(&w.stats.used_tokens, held_tokens);
+    let sched = timing::schedule(&w.timing.get(), job.prompt_tokens - job.cached_tokens, w.running(), w.max_running);
+    let gen = Gen {
+        api: job.api,
+        port: w.port,
+        id: w.next_id(),
+        created: w.created,
+        model_json: &w.model_json,
+        prompt_tokens: job.prompt_tokens,
+        cached_tokens: job.cached_tokens,
+        completion_tokens: job.output_tokens,
+        finish: if job.hit_limit { "length" } else { "stop" },
+    };
+    let result = if job.stream {
+        stream_response(w, &gen, &job, sched, admitted, stream, s, keep_alive).await
+    } else {
+        full_response(w, &gen, &job, sched, admitted, stream, s, keep_alive).await
+    };
+    w.stats.used_tokens.set(w.stats.used_tokens.get() - held_tokens);
+    drop(permit);
+    if result.is_ok() {
+        bump(&w.stats.completed, 1);
+    }
+    if w.reached_die_after() && !w.died.is_fired() {
+        w.die();
+        return Ok(false);
+    }
+    result
+}
+
+async fn sleep_until(deadline: Instant) {
+    if deadline > Instant::now() {
+        monoio::time::sleep_until(deadline).await;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn full_response(
+    w: &Worker,
+    gen: &Gen<'_>,
+    job: &Job,
+    sched: Schedule,
+    admitted: Instant,
+    stream: &mut TcpStream,
+    s: &mut Scratch,
+    keep_alive: bool,
+) -> io::Result<bool> {
+    if !sched.is_instant() {
+        sleep_until(admitted + sched.done_after(job.output_tokens)).await;
+    }
+    s.events.clear();
+    gen.put_full_body(&mut s.events);
+    bump(&w.stats.output_tokens, job.output_tokens as u64);
+    let truncated = job.truncate.is_some();
+    put_head(
+        &mut s.out,
+        200,
+        "application/json",
+        Framing::Length(s.events.len()),
+        keep_alive && !truncated,
+        &w.extra_headers,
+    );
+    if truncated {
+        // Promise the whole length, deliver half, hang up: the client sees a short body.
+        bump(&w.stats.truncated, 1);
+        s.out.extend_from_slice(&s.events[..s.events.len() / 2]);
+        write_out(stream, &mut s.out).await?;
+        return Ok(false);
+    }
+    s.out.extend_from_slice(&s.events);
+    write_out(stream, &mut s.out).await?;
+    Ok(keep_alive)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn stream_response(
+    w: &Worker,
+    gen: &Gen<'_>,
+    job: &Job,
+    sched: Schedule,
+    admitted: Instant,
+    stream: &mut TcpStream,
+    s: &mut Scratch,
+    keep_alive: bool,
+) -> io::Result<bool> {
+    let n = job.output_tokens;
+    let cut_after = job.truncate.map(|after| after.unwrap_or(n / 2).min(n));
+    put_head(
+        &mut s.out,
+        200,
+        "text/event-stream",
+        Framing::Chunked,
+        keep_alive && cut_after.is_none(),
+        &w.extra_headers,
+    );
+    s.prefix.clear();
+    s.events.clear();
+    if gen.api != Api::Generate {
+        gen.put_chunk_prefix(&mut s.prefix);
+    }
+    if gen.api == Api::Chat {
+        // The role delta goes out at admission, as engines send it before the first token.
+        gen.put_role_event(&mut s.events, &s.prefix);
+    }
+    for k in 0..n {
+        if cut_after == Some(k) {
+            bump(&w.stats.truncated, 1);
+            bump(&w.stats.output_tokens, k as u64);
+            flush_events(&mut s.out, &mut s.events);
+            write_out(stream, &mut s.out).await?;
+            return Ok(false);
+        }
+        let due = admitted + sched.token_due(k);
+        if due > Instant::now() {
+            flush_events(&mut s.out, &mut s.events);
+            write_out(stream, &mut s.out).await?;
+            monoio::time::sleep_until(due).await;
+        }
+        gen.put_token_event(&mut s.events, &s.prefix, k + 1);
+    }
+    bump(&w.stats.output_tokens, n as u64);
+    if cut_after == Some(n) {
+        // Every token went out but the stream still ends without its final events.
+        bump(&w.stats.truncated, 1);
+        flush_events(&mut s.out, &mut s.events);
+        write_out(stream, &mut s.out).await?;
+        return Ok(false);
+    }
+    if gen.api != Api::Generate {
+        gen.put_finish_event(&mut s.events, &s.prefix);
+        if job.include_usage {
+            gen.put_usage_event(&mut s.events, &s.prefix);
+        }
+    }
+    s.events.extend_from_slice(DONE_EVENT);
+    flush_events(&mut s.out, &mut s.events);
+    s.out.extend_from_slice(LAST_CHUNK);
+    write_out(stream, &mut s.out).await?;
+    Ok(keep_alive)
+}

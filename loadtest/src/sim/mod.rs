@@ -1,0 +1,130 @@
+//! smg-sim: many simulated SGLang / vLLM workers in one process, thread-per-core on monoio.
+//!
+//! Each worker (one port) is owned by one runtime thread, so its batch slots, waiting queue and
+//! prefix cache are exact and need no locks; workers are spread round-robin over `--threads`.
+//! Listeners use SO_REUSEPORT so a restarted simulator can rebind at once.
+//!
+//! Boot order: every thread binds its ports, reports them, then the main thread prints one
+//! `listening` line per worker followed by `ready` (tests and scripts wait for that line).
+
+pub mod config;
+pub mod engine;
+pub mod faults;
+pub mod http;
+pub mod prefix_cache;
+pub mod render;
+pub mod request;
+pub mod routes;
+pub mod timing;
+pub mod worker;
+
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use monoio::net::TcpListener;
+
+use crate::rt;
+use config::{SimArgs, WorkerSpec};
+use worker::Worker;
+
+/// Starts all workers and blocks until every one of them has died (or forever).
+pub fn run(args: SimArgs) -> Result<(), String> {
+    let specs = args.worker_specs()?;
+    let threads = args.threads.clamp(1, specs.len());
+    let cores = args.cores.as_deref().map(rt::parse_cores).transpose()?;
+    let host: IpAddr = args.host.parse().map_err(|_| format!("bad --host {:?}", args.host))?;
+    let (tx, rx) = mpsc::channel::<Result<Vec<(usize, u16)>, String>>();
+    let mut joins = Vec::new();
+    for t in 0..threads {
+        let mine: Vec<(usize, WorkerSpec)> =
+            specs.iter().cloned().enumerate().filter(|(i, _)| i % threads == t).collect();
+        let core = cores.as_ref().map(|c| c[t % c.len()]);
+        let tx = tx.clone();
+        let join = std::thread::Builder::new()
+            .name(format!("smg-sim-{t}"))
+            .spawn(move || {
+                if let Some(c) = core {
+                    if !rt::pin_to(c) {
+                        eprintln!("smg-sim: could not pin thread {t} to core {c}");
+                    }
+                }
+                let res = rt::block_on(serve_thread(host, mine, tx.clone()));
+                if let Err(e) = res {
+                    let _ = tx.send(Err(format!("runtime: {e}")));
+                }
+            })
+            .map_err(|e| format!("spawn: {e}"))?;
+        joins.push(join);
+    }
+    drop(tx);
+    let mut bound: Vec<(usize, u16)> = Vec::new();
+    for _ in 0..threads {
+        match rx.recv() {
+            Ok(Ok(b)) => bound.extend(b),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("a simulator thread exited during start-up".into()),
+        }
+    }
+    bound.sort_unstable();
+    for (i, port) in &bound {
+        let s = &specs[*i];
+        println!("listening {host}:{port} model={} runtime={}", s.model, s.runtime.name());
+    }
+    println!("ready driver={} threads={threads}", rt::driver_name());
+    for j in joins {
+        let _ = j.join();
+    }
+    Ok(())
+}
+
+async fn serve_thread(
+    host: IpAddr,
+    mine: Vec<(usize, WorkerSpec)>,
+    tx: mpsc::Sender<Result<Vec<(usize, u16)>, String>>,
+) {
+    let mut listeners = Vec::new();
+    let mut bound = Vec::new();
+    for (i, spec) in mine {
+        let addr = SocketAddr::new(host, spec.port);
+        let l = match rt::listen(addr) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = tx.send(Err(format!("bind {addr}: {e}")));
+                return;
+            }
+        };
+        let port = l.local_addr().map(|a| a.port()).unwrap_or(spec.port);
+        bound.push((i, port));
+        listeners.push((Worker::new(&spec, port), l));
+    }
+    let _ = tx.send(Ok(bound));
+    let handles: Vec<_> = listeners.into_iter().map(|(w, l)| monoio::spawn(accept_loop(w, l))).collect();
+    for h in handles {
+        h.await;
+    }
+}
+
+/// Accepts until the worker dies; dropping the listener then closes the port.
+async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
+    loop {
+        let delay = w.faults.get().accept_delay_ms;
+        if delay > 0 {
+            monoio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        monoio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    monoio::spawn(http::serve(w.clone(), stream));
+                }
+                Err(e) => {
+                    // Out of fds or similar: back off instead of spinning.
+                    eprintln!("smg-sim: accept on port {}: {e}", w.port);
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = w.died.wait() => break,
+        }
+    }
+}

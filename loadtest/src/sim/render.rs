@@ -1,0 +1,385 @@
+//! Response bytes: HTTP heads and the OpenAI / SGLang JSON bodies and SSE events, written into reused buffers.
+//!
+//! Nothing here allocates beyond growing the caller's buffer; numbers go through `itoa`.
+
+use crate::sim::request::Api;
+use crate::wire::{put_chunk, put_u64};
+
+/// Text of one simulated token.
+pub const TOKEN: &str = " hi";
+
+/// How a response body is framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    Length(usize),
+    Chunked,
+}
+
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}
+
+/// Appends a response head. `extra` holds complete header lines (each ending in CRLF).
+pub fn put_head(out: &mut Vec<u8>, status: u16, content_type: &str, framing: Framing, keep_alive: bool, extra: &[u8]) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    put_u64(out, status as u64);
+    out.push(b' ');
+    out.extend_from_slice(reason(status).as_bytes());
+    out.extend_from_slice(b"\r\ncontent-type: ");
+    out.extend_from_slice(content_type.as_bytes());
+    match framing {
+        Framing::Length(n) => {
+            out.extend_from_slice(b"\r\ncontent-length: ");
+            put_u64(out, n as u64);
+        }
+        Framing::Chunked => out.extend_from_slice(b"\r\ntransfer-encoding: chunked"),
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"\r\nconnection: close");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(extra);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A complete response with a body of known length.
+pub fn put_response(out: &mut Vec<u8>, status: u16, content_type: &str, body: &[u8], keep_alive: bool, extra: &[u8]) {
+    put_head(out, status, content_type, Framing::Length(body.len()), keep_alive, extra);
+    out.extend_from_slice(body);
+}
+
+/// Appends `s` as a quoted JSON string.
+pub fn put_json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    for &b in s.as_bytes() {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0..=0x1f => {
+                out.extend_from_slice(b"\\u00");
+                crate::wire::put_hex(out, (b >> 4) as usize);
+                crate::wire::put_hex(out, (b & 15) as usize);
+            }
+            _ => out.push(b),
+        }
+    }
+    out.push(b'"');
+}
+
+/// An OpenAI-style error body.
+pub fn put_error_body(out: &mut Vec<u8>, status: u16, message: &str) {
+    out.extend_from_slice(b"{\"error\":{\"message\":");
+    put_json_str(out, message);
+    out.extend_from_slice(b",\"type\":");
+    put_json_str(out, reason(status));
+    out.extend_from_slice(b",\"param\":null,\"code\":");
+    put_u64(out, status as u64);
+    out.extend_from_slice(b"}}");
+}
+
+/// Everything a generation response repeats.
+#[derive(Clone, Copy, Debug)]
+pub struct Gen<'a> {
+    pub api: Api,
+    pub port: u16,
+    pub id: u64,
+    pub created: u64,
+    /// Already quoted and escaped.
+    pub model_json: &'a str,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u32,
+    /// "length" or "stop".
+    pub finish: &'static str,
+}
+
+// === impl Gen ===
+
+impl Gen<'_> {
+    fn put_id(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(match self.api {
+            Api::Chat => b"\"chatcmpl-sim",
+            Api::Completions => b"\"cmpl-sim",
+            Api::Generate | Api::Embeddings => b"\"sim",
+        });
+        put_u64(out, self.port as u64);
+        out.push(b'-');
+        put_u64(out, self.id);
+        out.push(b'"');
+    }
+
+    fn put_usage(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"prompt_tokens\":");
+        put_u64(out, self.prompt_tokens);
+        out.extend_from_slice(b",\"completion_tokens\":");
+        put_u64(out, self.completion_tokens as u64);
+        out.extend_from_slice(b",\"total_tokens\":");
+        put_u64(out, self.prompt_tokens + self.completion_tokens as u64);
+        out.extend_from_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
+        put_u64(out, self.cached_tokens);
+        out.extend_from_slice(b"}}");
+    }
+
+    fn put_text(out: &mut Vec<u8>, tokens: u32) {
+        for _ in 0..tokens {
+            out.extend_from_slice(TOKEN.as_bytes());
+        }
+    }
+
+    /// The non-streaming body.
+    pub fn put_full_body(&self, out: &mut Vec<u8>) {
+        match self.api {
+            Api::Chat | Api::Completions => {
+                out.extend_from_slice(b"{\"id\":");
+                self.put_id(out);
+                out.extend_from_slice(if self.api == Api::Chat {
+                    b",\"object\":\"chat.completion\",\"created\":".as_slice()
+                } else {
+                    b",\"object\":\"text_completion\",\"created\":".as_slice()
+                });
+                put_u64(out, self.created);
+                out.extend_from_slice(b",\"model\":");
+                out.extend_from_slice(self.model_json.as_bytes());
+                if self.api == Api::Chat {
+                    out.extend_from_slice(
+                        b",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"",
+                    );
+                } else {
+                    out.extend_from_slice(b",\"choices\":[{\"index\":0,\"text\":\"");
+                }
+                Self::put_text(out, self.completion_tokens);
+                out.extend_from_slice(b"\"");
+                if self.api == Api::Chat {
+                    out.push(b'}');
+                }
+                out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":\"");
+                out.extend_from_slice(self.finish.as_bytes());
+                out.extend_from_slice(b"\"}],\"usage\":");
+                self.put_usage(out);
+                out.push(b'}');
+            }
+            Api::Generate => self.put_generate(out, self.completion_tokens, true),
+            Api::Embeddings => {}
+        }
+    }
+
+    /// `data: {...,"choices":[` — the part of every chat/completions chunk before the choice.
+    pub fn put_chunk_prefix(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"data: {\"id\":");
+        self.put_id(out);
+        out.extend_from_slice(if self.api == Api::Chat {
+            b",\"object\":\"chat.completion.chunk\",\"created\":".as_slice()
+        } else {
+            b",\"object\":\"text_completion\",\"created\":".as_slice()
+        });
+        put_u64(out, self.created);
+        out.extend_from_slice(b",\"model\":");
+        out.extend_from_slice(self.model_json.as_bytes());
+        out.extend_from_slice(b",\"choices\":[");
+    }
+
+    /// The first chat event: the assistant role, no text yet.
+    pub fn put_role_event(&self, out: &mut Vec<u8>, prefix: &[u8]) {
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(
+            b"{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+        );
+    }
+
+    /// One token. For /generate, `done` is the count so far (SGLang streams the cumulative text).
+    pub fn put_token_event(&self, out: &mut Vec<u8>, prefix: &[u8], done: u32) {
+        match self.api {
+            Api::Chat => {
+                out.extend_from_slice(prefix);
+                out.extend_from_slice(b"{\"index\":0,\"delta\":{\"content\":\"");
+                out.extend_from_slice(TOKEN.as_bytes());
+                out.extend_from_slice(b"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            }
+            Api::Completions => {
+                out.extend_from_slice(prefix);
+                out.extend_from_slice(b"{\"index\":0,\"text\":\"");
+                out.extend_from_slice(TOKEN.as_bytes());
+                out.extend_from_slice(b"\",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            }
+            Api::Generate => {
+                out.extend_from_slice(b"data: ");
+                self.put_generate(out, done, done == self.completion_tokens);
+                out.extend_from_slice(b"\n\n");
+            }
+            Api::Embeddings => {}
+        }
+    }
+
+    /// The chunk carrying finish_reason (chat and completions only).
+    pub fn put_finish_event(&self, out: &mut Vec<u8>, prefix: &[u8]) {
+        out.extend_from_slice(prefix);
+        if self.api == Api::Chat {
+            out.extend_from_slice(b"{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"");
+        } else {
+            out.extend_from_slice(b"{\"index\":0,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"");
+        }
+        out.extend_from_slice(self.finish.as_bytes());
+        out.extend_from_slice(b"\"}]}\n\n");
+    }
+
+    /// `stream_options.include_usage`: empty choices plus the whole request's usage.
+    pub fn put_usage_event(&self, out: &mut Vec<u8>, prefix: &[u8]) {
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(b"],\"usage\":");
+        self.put_usage(out);
+        out.extend_from_slice(b"}\n\n");
+    }
+
+    fn put_generate(&self, out: &mut Vec<u8>, tokens: u32, finished: bool) {
+        out.extend_from_slice(b"{\"text\":\"");
+        Self::put_text(out, tokens);
+        out.extend_from_slice(b"\",\"meta_info\":{\"id\":");
+        self.put_id(out);
+        out.extend_from_slice(b",\"finish_reason\":");
+        if finished {
+            if self.finish == "length" {
+                out.extend_from_slice(b"{\"type\":\"length\",\"length\":");
+                put_u64(out, tokens as u64);
+                out.push(b'}');
+            } else {
+                out.extend_from_slice(b"{\"type\":\"stop\",\"matched\":null}");
+            }
+        } else {
+            out.extend_from_slice(b"null");
+        }
+        out.extend_from_slice(b",\"prompt_tokens\":");
+        put_u64(out, self.prompt_tokens);
+        out.extend_from_slice(b",\"completion_tokens\":");
+        put_u64(out, tokens as u64);
+        out.extend_from_slice(b",\"cached_tokens\":");
+        put_u64(out, self.cached_tokens);
+        out.extend_from_slice(b"}}");
+    }
+}
+
+pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+
+/// Wraps the SSE bytes in `events` as one HTTP chunk on `out` and clears `events`.
+pub fn flush_events(out: &mut Vec<u8>, events: &mut Vec<u8>) {
+    put_chunk(out, events);
+    events.clear();
+}
+
+/// `/v1/embeddings` body; `vector` is the precomputed JSON array.
+pub fn put_embeddings_body(out: &mut Vec<u8>, model_json: &str, vector: &str, prompt_tokens: u64) {
+    out.extend_from_slice(b"{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":");
+    out.extend_from_slice(vector.as_bytes());
+    out.extend_from_slice(b"}],\"model\":");
+    out.extend_from_slice(model_json.as_bytes());
+    out.extend_from_slice(b",\"usage\":{\"prompt_tokens\":");
+    put_u64(out, prompt_tokens);
+    out.extend_from_slice(b",\"total_tokens\":");
+    put_u64(out, prompt_tokens);
+    out.extend_from_slice(b"}}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+
+    fn gen(api: Api) -> Gen<'static> {
+        Gen {
+            api,
+            port: 1,
+            id: 7,
+            created: 100,
+            model_json: "\"m\\\"x\"",
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            completion_tokens: 3,
+            finish: "length",
+        }
+    }
+
+    fn json(bytes: &[u8]) -> sonic_rs::Value {
+        sonic_rs::from_slice(bytes).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(bytes)))
+    }
+
+    #[test]
+    fn full_bodies_are_valid_json() {
+        for api in [Api::Chat, Api::Completions, Api::Generate] {
+            let mut out = Vec::new();
+            gen(api).put_full_body(&mut out);
+            let v = json(&out);
+            match api {
+                Api::Chat => {
+                    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(" hi hi hi"));
+                    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(4));
+                    assert_eq!(v["usage"]["total_tokens"].as_u64(), Some(13));
+                    assert_eq!(v["model"].as_str(), Some("m\"x"));
+                }
+                Api::Completions => assert_eq!(v["choices"][0]["text"].as_str(), Some(" hi hi hi")),
+                _ => assert_eq!(v["meta_info"]["finish_reason"]["length"].as_u64(), Some(3)),
+            }
+        }
+        let mut out = Vec::new();
+        put_embeddings_body(&mut out, "\"m\"", "[0.1,0.2]", 5);
+        assert_eq!(json(&out)["usage"]["prompt_tokens"].as_u64(), Some(5));
+    }
+
+    #[test]
+    fn stream_events_are_valid_json() {
+        for api in [Api::Chat, Api::Completions] {
+            let g = gen(api);
+            let mut prefix = Vec::new();
+            g.put_chunk_prefix(&mut prefix);
+            let mut ev = Vec::new();
+            g.put_role_event(&mut ev, &prefix);
+            g.put_token_event(&mut ev, &prefix, 1);
+            g.put_finish_event(&mut ev, &prefix);
+            g.put_usage_event(&mut ev, &prefix);
+            let text = String::from_utf8(ev).unwrap();
+            let events: Vec<_> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+            assert_eq!(events.len(), 4);
+            for e in &events {
+                json(e.strip_prefix("data: ").unwrap().as_bytes());
+            }
+            let usage = json(events[3].strip_prefix("data: ").unwrap().as_bytes());
+            assert_eq!(usage["choices"].as_array().map(|a| a.len()), Some(0));
+            assert_eq!(usage["usage"]["completion_tokens"].as_u64(), Some(3));
+        }
+        let g = gen(Api::Generate);
+        let mut ev = Vec::new();
+        g.put_token_event(&mut ev, &[], 2);
+        let v = json(ev.strip_prefix(b"data: ").unwrap().strip_suffix(b"\n\n").unwrap());
+        assert_eq!(v["text"].as_str(), Some(" hi hi"));
+        assert!(v["meta_info"]["finish_reason"].is_null());
+    }
+
+    #[test]
+    fn heads() {
+        let mut out = Vec::new();
+        put_response(&mut out, 503, "application/json", b"{}", false, b"x-a: 1\r\n");
+        assert_eq!(
+            out,
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\nx-a: 1\r\n\r\n{}"
+        );
+        let mut out = Vec::new();
+        put_error_body(&mut out, 500, "bad \"x\"");
+        assert_eq!(json(&out)["error"]["code"].as_u64(), Some(500));
+    }
+}

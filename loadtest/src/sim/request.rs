@@ -1,0 +1,107 @@
+//! Reads the few fields of an inference request the simulator acts on, in one lazy pass over the top-level keys.
+//!
+//! The prompt is taken as its raw JSON text (`messages`, `prompt`, `text`, `input_ids`,
+//! `input`): no unescaping or allocation, and the same conversation prefix gives the same bytes,
+//! which is all the prefix cache needs.
+
+use std::borrow::Cow;
+
+use sonic_rs::JsonValueTrait;
+
+/// Inference endpoint families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completions,
+    /// SGLang native `/generate`.
+    Generate,
+    Embeddings,
+}
+
+/// What the simulator needs from a request body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct GenRequest<'a> {
+    pub stream: bool,
+    pub include_usage: bool,
+    pub max_tokens: Option<u64>,
+    pub prompt: Cow<'a, str>,
+}
+
+/// Parses `body`; the error text goes into a 400 response.
+pub fn parse(api: Api, body: &[u8]) -> Result<GenRequest<'_>, String> {
+    let mut req = GenRequest { stream: false, include_usage: false, max_tokens: None, prompt: Cow::Borrowed("") };
+    let mut max_completion_tokens = None;
+    let mut seen_any = false;
+    for entry in sonic_rs::to_object_iter(body) {
+        let (key, value) = entry.map_err(|e| format!("invalid JSON body: {e}"))?;
+        seen_any = true;
+        match (api, key.as_ref()) {
+            (_, "stream") => req.stream = value.as_bool().unwrap_or(false),
+            (_, "stream_options") => {
+                req.include_usage = sonic_rs::get(value.as_raw_str(), ["include_usage"])
+                    .ok()
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(false);
+            }
+            (Api::Chat | Api::Completions, "max_tokens") => req.max_tokens = value.as_u64(),
+            (Api::Chat, "max_completion_tokens") => max_completion_tokens = value.as_u64(),
+            (Api::Generate, "sampling_params") => {
+                req.max_tokens = sonic_rs::get(value.as_raw_str(), ["max_new_tokens"]).ok().and_then(|v| v.as_u64());
+            }
+            (Api::Chat, "messages")
+            | (Api::Completions, "prompt")
+            | (Api::Generate, "text" | "input_ids")
+            | (Api::Embeddings, "input") => req.prompt = value.as_raw_cow(),
+            _ => {}
+        }
+    }
+    if !seen_any && sonic_rs::from_slice::<sonic_rs::Value>(body).map_or(true, |v| !v.is_object()) {
+        return Err("request body must be a JSON object".into());
+    }
+    // OpenAI's newer name wins over the deprecated one.
+    if max_completion_tokens.is_some() {
+        req.max_tokens = max_completion_tokens;
+    }
+    if api == Api::Embeddings {
+        req.stream = false;
+    }
+    Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_fields_in_any_order() {
+        let body = br#"{"messages":[{"role":"user","content":"hi \"x\""}],"stream":true,
+            "stream_options":{"include_usage":true},"max_tokens":7,"model":"m"}"#;
+        let r = parse(Api::Chat, body).unwrap();
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.max_tokens, Some(7));
+        assert_eq!(r.prompt, r#"[{"role":"user","content":"hi \"x\""}]"#);
+        let body = br#"{"model":"m","max_tokens":7,"max_completion_tokens":3,"messages":[]}"#;
+        let r = parse(Api::Chat, body).unwrap();
+        assert_eq!(r.max_tokens, Some(3));
+        assert!(!r.stream);
+    }
+
+    #[test]
+    fn generate_and_embeddings() {
+        let r =
+            parse(Api::Generate, br#"{"text":"abc","sampling_params":{"max_new_tokens":9,"temperature":0}}"#).unwrap();
+        assert_eq!((r.max_tokens, r.prompt.as_ref()), (Some(9), "\"abc\""));
+        let r = parse(Api::Embeddings, br#"{"input":"abc","stream":true}"#).unwrap();
+        assert!(!r.stream);
+        let r = parse(Api::Completions, br#"{"prompt":"p","max_tokens":2}"#).unwrap();
+        assert_eq!(r.max_tokens, Some(2));
+    }
+
+    #[test]
+    fn rejects_non_objects() {
+        assert!(parse(Api::Chat, b"").is_err());
+        assert!(parse(Api::Chat, b"[1]").is_err());
+        assert!(parse(Api::Chat, br#"{"messages": [1,"#).is_err());
+        assert!(parse(Api::Chat, b"{}").is_ok());
+    }
+}

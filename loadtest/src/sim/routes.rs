@@ -1,0 +1,314 @@
+//! Maps method + path to an endpoint and answers everything that is not generation (health, info, loads, control).
+//!
+//! Generation requests come back as a [`Job`] for `engine` to run with the timing model;
+//! faults are drawn here, before the job takes a batch slot.
+
+use std::fmt::Write as _;
+
+use sonic_rs::JsonValueTrait;
+
+use crate::sim::config::{ms_to_us, Runtime};
+use crate::sim::faults::{self, Fault};
+use crate::sim::render::{put_embeddings_body, put_error_body, put_response};
+use crate::sim::request::{self, Api};
+use crate::sim::timing;
+use crate::sim::worker::{bump, Worker};
+
+/// Endpoints the simulator knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Health,
+    HealthGenerate,
+    Models,
+    ModelInfo,
+    ServerInfo,
+    /// SGLang `/v1/loads`.
+    Loads,
+    /// SGLang's older `/get_load`.
+    GetLoad,
+    /// vLLM `/load`.
+    VllmLoad,
+    Infer(Api),
+    FlushCache,
+    SimControl,
+    SimStats,
+    NotFound,
+}
+
+/// Resolves a path (query string already removed) for a worker of `runtime`.
+pub fn resolve(path: &str, runtime: Runtime) -> Route {
+    let sglang = runtime == Runtime::Sglang;
+    match path {
+        "/health" => Route::Health,
+        "/v1/models" => Route::Models,
+        "/v1/chat/completions" => Route::Infer(Api::Chat),
+        "/v1/completions" => Route::Infer(Api::Completions),
+        "/v1/embeddings" => Route::Infer(Api::Embeddings),
+        "/sim/control" => Route::SimControl,
+        "/sim/stats" => Route::SimStats,
+        "/health_generate" if sglang => Route::HealthGenerate,
+        "/get_model_info" | "/model_info" if sglang => Route::ModelInfo,
+        "/get_server_info" | "/server_info" if sglang => Route::ServerInfo,
+        "/v1/loads" if sglang => Route::Loads,
+        "/get_load" if sglang => Route::GetLoad,
+        "/generate" if sglang => Route::Infer(Api::Generate),
+        "/flush_cache" if sglang => Route::FlushCache,
+        "/reset_prefix_cache" if !sglang => Route::FlushCache,
+        "/load" if !sglang => Route::VllmLoad,
+        _ => Route::NotFound,
+    }
+}
+
+/// A generation request ready for the timing model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub api: Api,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u32,
+    /// Generation stopped at max_tokens (finish_reason "length").
+    pub hit_limit: bool,
+    /// Some(after) when the response is to be cut off.
+    pub truncate: Option<Option<u32>>,
+}
+
+/// What the connection does next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    /// A complete response is in the output buffer.
+    Reply {
+        keep_alive: bool,
+    },
+    Generate(Job),
+    Hang,
+    /// Close without answering (the worker is dead).
+    Close,
+}
+
+const JSON: &str = "application/json";
+
+/// Answers one request. `out` receives any immediate response.
+pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive: bool, out: &mut Vec<u8>) -> Action {
+    bump(&w.stats.requests, 1);
+    if w.died.is_fired() {
+        return Action::Close;
+    }
+    let extra = &w.extra_headers;
+    let reply = |out: &mut Vec<u8>, status: u16, ctype: &str, body: &[u8]| {
+        put_response(out, status, ctype, body, keep_alive, extra);
+        Action::Reply { keep_alive }
+    };
+    match route {
+        Route::Health | Route::HealthGenerate => {
+            let status = if w.health.is_healthy() { 200 } else { 503 };
+            reply(out, status, "text/plain", b"")
+        }
+        Route::Models => reply(out, 200, JSON, &w.models_body),
+        Route::ModelInfo => reply(out, 200, JSON, &w.model_info_body),
+        Route::ServerInfo => reply(out, 200, JSON, &w.server_info_body),
+        Route::Loads => reply(out, 200, JSON, loads_body(w).as_bytes()),
+        Route::GetLoad => {
+            let body = format!(
+                "[{{\"dp_rank\":0,\"num_reqs\":{},\"num_waiting_reqs\":{},\"num_tokens\":{}}}]",
+                w.running() + w.waiting(),
+                w.waiting(),
+                w.stats.used_tokens.get()
+            );
+            reply(out, 200, JSON, body.as_bytes())
+        }
+        Route::VllmLoad => {
+            let body = format!("{{\"server_load\":{}}}", w.running() + w.waiting());
+            reply(out, 200, JSON, body.as_bytes())
+        }
+        Route::FlushCache => {
+            w.cache.borrow_mut().flush();
+            reply(out, 200, "text/plain", b"Cache flushed.\n")
+        }
+        Route::SimStats => reply(out, 200, JSON, stats_body(w).as_bytes()),
+        Route::SimControl if is_post => match apply_control(w, body) {
+            Ok(()) => reply(out, 200, JSON, stats_body(w).as_bytes()),
+            Err(e) => error_reply(out, 400, &e, keep_alive, extra),
+        },
+        Route::Infer(api) if is_post => infer(w, api, body, keep_alive, out),
+        Route::SimControl | Route::Infer(_) => error_reply(out, 405, "method not allowed", keep_alive, extra),
+        Route::NotFound => error_reply(out, 404, "not found", keep_alive, extra),
+    }
+}
+
+fn error_reply(out: &mut Vec<u8>, status: u16, msg: &str, keep_alive: bool, extra: &[u8]) -> Action {
+    let mut body = Vec::with_capacity(128);
+    put_error_body(&mut body, status, msg);
+    put_response(out, status, JSON, &body, keep_alive, extra);
+    Action::Reply { keep_alive }
+}
+
+fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>) -> Action {
+    let req = match request::parse(api, body) {
+        Ok(r) => r,
+        Err(e) => return error_reply(out, 400, &e, keep_alive, &w.extra_headers),
+    };
+    let fault = faults::draw(&w.faults.get(), &w.rng);
+    let truncate = match fault {
+        Fault::Fail { status } => {
+            bump(&w.stats.failed, 1);
+            return error_reply(out, status, "simulated worker failure", keep_alive, &w.extra_headers);
+        }
+        Fault::Hang => {
+            bump(&w.stats.hung, 1);
+            return Action::Hang;
+        }
+        Fault::Truncate { after_tokens } => Some(after_tokens),
+        Fault::None => None,
+    };
+    bump(&w.stats.inference, 1);
+    let cache = w.cache.borrow_mut().lookup_insert(req.prompt.as_bytes());
+    bump(&w.stats.prompt_tokens, cache.prompt_tokens);
+    bump(&w.stats.cached_tokens, cache.cached_tokens);
+    if api == Api::Embeddings {
+        let mut b = Vec::with_capacity(64 + w.embedding_json.len());
+        put_embeddings_body(&mut b, &w.model_json, &w.embedding_json, cache.prompt_tokens);
+        put_response(out, 200, JSON, &b, keep_alive, &w.extra_headers);
+        bump(&w.stats.completed, 1);
+        return Action::Reply { keep_alive };
+    }
+    let (output_tokens, hit_limit) = timing::output_tokens(&w.timing.get(), req.max_tokens);
+    Action::Generate(Job {
+        api,
+        stream: req.stream,
+        include_usage: req.include_usage,
+        prompt_tokens: cache.prompt_tokens,
+        cached_tokens: cache.cached_tokens,
+        output_tokens,
+        hit_limit,
+        truncate,
+    })
+}
+
+/// SGLang's `/v1/loads` schema, one DP rank.
+fn loads_body(w: &Worker) -> String {
+    let running = w.running();
+    let waiting = w.waiting();
+    let used = w.stats.used_tokens.get();
+    let cache = w.cache.borrow();
+    let max_tokens = cache.capacity_tokens().max(1);
+    let token_usage = used as f64 / max_tokens as f64;
+    let util = running as f64 / w.max_running as f64;
+    let thr = w.gen_throughput();
+    let hit = cache.hit_rate();
+    let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!(
+        "{{\"timestamp\":\"{ts}\",\"version\":\"0.0.0-smg-sim\",\"dp_rank_count\":1,\"loads\":[{{\"dp_rank\":0,\"num_running_reqs\":{running},\"num_waiting_reqs\":{waiting},\"num_total_reqs\":{total},\"num_used_tokens\":{used},\"max_total_num_tokens\":{max_tokens},\"max_running_requests\":{maxr},\"token_usage\":{token_usage:.4},\"gen_throughput\":{thr:.2},\"cache_hit_rate\":{hit:.4},\"utilization\":{util:.4}}}],\"aggregate\":{{\"total_running_reqs\":{running},\"total_waiting_reqs\":{waiting},\"total_reqs\":{total},\"avg_token_usage\":{token_usage:.4},\"avg_throughput\":{thr:.2},\"avg_utilization\":{util:.4}}}}}",
+        total = running + waiting,
+        maxr = w.max_running,
+    )
+}
+
+/// Counters and current settings, as /sim/stats and /sim/control return them.
+pub fn stats_body(w: &Worker) -> String {
+    let s = &w.stats;
+    let t = w.timing.get();
+    let f = w.faults.get();
+    let opt = |v: Option<u64>| v.map_or_else(|| "null".to_string(), |n| n.to_string());
+    let mut out = String::with_capacity(768);
+    let _ = write!(
+        out,
+        "{{\"port\":{},\"model\":{},\"runtime\":\"{}\",\"healthy\":{},\"dead\":{},\"requests\":{},\"inference_requests\":{},\"completed\":{},\"failed\":{},\"hung\":{},\"truncated\":{},\"running\":{},\"waiting\":{},\"prompt_tokens\":{},\"cached_tokens\":{},\"output_tokens\":{},\"cache_hit_rate\":{:.4},\"cache_used_tokens\":{},",
+        w.port,
+        w.model_json,
+        w.runtime.name(),
+        w.health.is_healthy(),
+        w.died.is_fired(),
+        s.requests.get(),
+        s.inference.get(),
+        s.completed.get(),
+        s.failed.get(),
+        s.hung.get(),
+        s.truncated.get(),
+        w.running(),
+        w.waiting(),
+        s.prompt_tokens.get(),
+        s.cached_tokens.get(),
+        s.output_tokens.get(),
+        w.cache.borrow().hit_rate(),
+        w.cache.borrow().used_tokens(),
+    );
+    let _ = write!(
+        out,
+        "\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{}}}}}",
+        t.ttft_us as f64 / 1000.0,
+        t.itl_us as f64 / 1000.0,
+        t.prefill_ns_per_token as f64 / 1000.0,
+        t.itl_batch_factor,
+        t.output_tokens,
+        f.fail_rate,
+        f.fail_status,
+        f.hang_rate,
+        f.truncate_rate,
+        opt(f.truncate_after_tokens.map(u64::from)),
+        opt(f.die_after),
+        f.accept_delay_ms,
+    );
+    out
+}
+
+/// Applies a /sim/control body. Unknown keys are an error so a typo does not silently do nothing.
+fn apply_control(w: &Worker, body: &[u8]) -> Result<(), String> {
+    let mut t = w.timing.get();
+    let mut f = w.faults.get();
+    let mut healthy = None;
+    let mut flush = false;
+    for entry in sonic_rs::to_object_iter(body) {
+        let (key, v) = entry.map_err(|e| format!("invalid JSON body: {e}"))?;
+        let num = || v.as_f64().ok_or_else(|| format!("{key} must be a number"));
+        let opt_u64 = || {
+            if v.is_null() {
+                Ok(None)
+            } else {
+                v.as_u64().map(Some).ok_or_else(|| format!("{key} must be an integer or null"))
+            }
+        };
+        match key.as_ref() {
+            "healthy" => healthy = Some(v.as_bool().ok_or("healthy must be a boolean")?),
+            "flush_cache" => flush = v.as_bool().unwrap_or(false),
+            "ttft_ms" => t.ttft_us = ms_to_us(num()?),
+            "itl_ms" => t.itl_us = ms_to_us(num()?),
+            "prefill_us_per_token" => t.prefill_ns_per_token = (num()?.max(0.0) * 1000.0) as u64,
+            "itl_batch_factor" => t.itl_batch_factor = num()?.max(0.0),
+            "output_tokens" => t.output_tokens = (num()? as u32).max(1),
+            "fail_rate" => f.fail_rate = num()?,
+            "fail_status" => f.fail_status = num()? as u16,
+            "hang_rate" => f.hang_rate = num()?,
+            "truncate_rate" => f.truncate_rate = num()?,
+            "truncate_after_tokens" => f.truncate_after_tokens = opt_u64()?.map(|n| n as u32),
+            "die_after" => f.die_after = opt_u64()?,
+            "accept_delay_ms" => f.accept_delay_ms = num()? as u64,
+            other => return Err(format!("unknown control key {other:?}")),
+        }
+    }
+    if let Some(h) = healthy {
+        w.health.force(h);
+    }
+    if flush {
+        w.cache.borrow_mut().flush();
+    }
+    w.timing.set(t);
+    w.faults.set(f);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_specific_routes() {
+        assert_eq!(resolve("/generate", Runtime::Sglang), Route::Infer(Api::Generate));
+        assert_eq!(resolve("/generate", Runtime::Vllm), Route::NotFound);
+        assert_eq!(resolve("/v1/loads", Runtime::Vllm), Route::NotFound);
+        assert_eq!(resolve("/load", Runtime::Vllm), Route::VllmLoad);
+        assert_eq!(resolve("/server_info", Runtime::Sglang), Route::ServerInfo);
+        assert_eq!(resolve("/health", Runtime::Vllm), Route::Health);
+    }
+}

@@ -1,0 +1,199 @@
+//! One simulated worker's state on its owning thread: knobs, batch slots, prefix cache, health, counters, canned bodies.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use crate::rng::Rng;
+use crate::sim::config::{FaultPlan, Runtime, Timing, WorkerSpec};
+use crate::sim::faults::Health;
+use crate::sim::prefix_cache::PrefixCache;
+use crate::sim::render::put_json_str;
+use crate::sync::{Event, Semaphore};
+
+/// Counters reported by /sim/stats and /v1/loads.
+#[derive(Default)]
+pub struct Stats {
+    pub requests: Cell<u64>,
+    pub inference: Cell<u64>,
+    pub completed: Cell<u64>,
+    pub failed: Cell<u64>,
+    pub hung: Cell<u64>,
+    pub truncated: Cell<u64>,
+    pub prompt_tokens: Cell<u64>,
+    pub cached_tokens: Cell<u64>,
+    pub output_tokens: Cell<u64>,
+    /// Prompt plus output tokens of requests now holding a slot (SGLang's num_used_tokens).
+    pub used_tokens: Cell<u64>,
+}
+
+/// Adds `n` to a counter cell.
+pub fn bump(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+/// A worker lives on exactly one thread, so its batch and cache accounting is exact and lock-free.
+pub struct Worker {
+    pub port: u16,
+    pub model: String,
+    /// The model name as a quoted JSON string, escaped once.
+    pub model_json: String,
+    pub runtime: Runtime,
+    /// Header lines added to every response (`x-sim-port`), so tests can see which worker answered.
+    pub extra_headers: Vec<u8>,
+    pub timing: Cell<Timing>,
+    pub faults: Cell<FaultPlan>,
+    pub health: Health,
+    pub slots: Rc<Semaphore>,
+    pub max_running: usize,
+    pub cache: RefCell<PrefixCache>,
+    pub rng: Rng,
+    /// Fired when --die-after is reached: the accept loop stops and connections close.
+    pub died: Event,
+    pub max_body: usize,
+    /// Unix seconds at start, used as `created`.
+    pub created: u64,
+    pub next_id: Cell<u64>,
+    pub stats: Stats,
+    pub models_body: Vec<u8>,
+    pub model_info_body: Vec<u8>,
+    pub server_info_body: Vec<u8>,
+    pub embedding_json: String,
+    /// Open connections by id, so a dying worker can shut them all down like a crashed process would.
+    pub conns: RefCell<HashMap<u64, RawFd>>,
+    pub next_conn: Cell<u64>,
+}
+
+// === impl Worker ===
+
+impl Worker {
+    pub fn new(spec: &WorkerSpec, port: u16) -> Rc<Self> {
+        let mut model_json = Vec::new();
+        put_json_str(&mut model_json, &spec.model);
+        let model_json = String::from_utf8(model_json).unwrap_or_else(|_| "\"\"".into());
+        let created =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let cache = PrefixCache::new(spec.cache_tokens, spec.block_tokens, spec.bytes_per_token);
+        let m = &model_json;
+        let models_body = format!(
+            "{{\"object\":\"list\",\"data\":[{{\"id\":{m},\"object\":\"model\",\"created\":{created},\"owned_by\":\"{}\",\"root\":{m},\"parent\":null,\"max_model_len\":32768}}]}}",
+            spec.runtime.name()
+        )
+        .into_bytes();
+        let model_info_body = format!(
+            "{{\"model_path\":{m},\"tokenizer_path\":{m},\"is_generation\":true,\"preferred_sampling_params\":null,\"weight_version\":\"default\",\"has_image_understanding\":false,\"has_audio_understanding\":false,\"model_type\":\"llama\",\"architectures\":[\"LlamaForCausalLM\"]}}"
+        )
+        .into_bytes();
+        let server_info_body = format!(
+            "{{\"model_path\":{m},\"tokenizer_path\":{m},\"served_model_name\":{m},\"port\":{port},\"tp_size\":1,\"dp_size\":1,\"max_running_requests\":{},\"max_total_num_tokens\":{},\"context_length\":32768,\"page_size\":{},\"version\":\"0.0.0-smg-sim\",\"internal_states\":[{{\"last_gen_throughput\":0.0}}]}}",
+            spec.max_running,
+            cache.capacity_tokens(),
+            spec.block_tokens
+        )
+        .into_bytes();
+        let embedding_json = {
+            let dim = spec.embedding_dim.max(1);
+            let parts: Vec<String> = (0..dim)
+                .map(|i| format!("{:.4}", ((i + 1) as f64 / dim as f64).sqrt() / (dim as f64).sqrt()))
+                .collect();
+            format!("[{}]", parts.join(","))
+        };
+        Rc::new(Self {
+            port,
+            model: spec.model.clone(),
+            model_json,
+            runtime: spec.runtime,
+            extra_headers: format!("x-sim-port: {port}\r\n").into_bytes(),
+            timing: Cell::new(spec.timing),
+            faults: Cell::new(spec.faults),
+            health: Health::new(spec.unhealthy_for_ms, spec.start_unhealthy),
+            slots: Semaphore::new(spec.max_running),
+            max_running: spec.max_running,
+            cache: RefCell::new(cache),
+            rng: Rng::from_entropy(),
+            died: Event::default(),
+            max_body: spec.max_body,
+            created,
+            next_id: Cell::new(0),
+            stats: Stats::default(),
+            models_body,
+            model_info_body,
+            server_info_body,
+            embedding_json,
+            conns: RefCell::new(HashMap::new()),
+            next_conn: Cell::new(0),
+        })
+    }
+
+    pub fn running(&self) -> usize {
+        self.max_running - self.slots.available()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.slots.waiting()
+    }
+
+    pub fn next_id(&self) -> u64 {
+        let id = self.next_id.get() + 1;
+        self.next_id.set(id);
+        id
+    }
+
+    /// Registers an open connection; the guard unregisters it when dropped.
+    pub fn track(self: &Rc<Self>, fd: RawFd) -> ConnGuard {
+        let id = self.next_conn.get() + 1;
+        self.next_conn.set(id);
+        self.conns.borrow_mut().insert(id, fd);
+        ConnGuard { worker: self.clone(), id }
+    }
+
+    /// Dies: the accept loop stops (the port closes) and every open connection is shut down.
+    pub fn die(&self) {
+        self.died.fire();
+        for (_, fd) in self.conns.borrow_mut().drain() {
+            // SAFETY: the fd belongs to a live connection: a ConnGuard removes its entry before the
+            // stream that owns the fd is dropped. shutdown(2) does not close the fd, so the owner
+            // still closes it exactly once; it only makes pending reads return EOF and writes fail.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+    }
+
+    /// Output tokens per second since start: SGLang's gen_throughput, averaged.
+    pub fn gen_throughput(&self) -> f64 {
+        let secs = self.health_uptime_secs();
+        if secs <= 0.0 {
+            0.0
+        } else {
+            self.stats.output_tokens.get() as f64 / secs
+        }
+    }
+
+    fn health_uptime_secs(&self) -> f64 {
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        (now - self.created as f64).max(1.0)
+    }
+
+    /// True once --die-after inference requests have been taken: the worker should die after finishing them.
+    pub fn reached_die_after(&self) -> bool {
+        match self.faults.get().die_after {
+            Some(n) => self.stats.inference.get() >= n,
+            None => false,
+        }
+    }
+}
+
+/// Keeps a connection listed in [`Worker::conns`] while it lives.
+pub struct ConnGuard {
+    worker: Rc<Worker>,
+    id: u64,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.worker.conns.borrow_mut().remove(&self.id);
+    }
+}

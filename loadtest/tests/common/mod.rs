@@ -1,0 +1,165 @@
+//! Test fixtures: start the real binaries on free loopback ports under either monoio driver, and a tiny blocking HTTP client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use smg_loadtest::wire::ChunkedDecoder;
+
+/// Both drivers: io_uring (when the kernel allows) and epoll.
+pub const DRIVERS: [bool; 2] = [false, true];
+
+pub fn driver_env(cmd: &mut Command, legacy: bool) {
+    if legacy {
+        cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
+    } else {
+        cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
+    }
+}
+
+/// A running smg-sim, killed on drop.
+pub struct Sim {
+    pub child: Child,
+    pub ports: Vec<u16>,
+}
+
+impl Sim {
+    pub fn start(args: &[&str], legacy: bool) -> Sim {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg-sim"));
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        driver_env(&mut cmd, legacy);
+        let mut child = cmd.spawn().expect("spawn smg-sim");
+        let stdout = child.stdout.take().unwrap();
+        let mut ports = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if let Some(rest) = line.strip_prefix("listening ") {
+                let addr = rest.split_whitespace().next().unwrap();
+                ports.push(addr.rsplit(':').next().unwrap().parse().unwrap());
+            } else if line.starts_with("ready") {
+                break;
+            }
+        }
+        assert!(!ports.is_empty(), "smg-sim did not start with {args:?}");
+        Sim { child, ports }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.ports[0]
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A parsed response.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> sonic_rs::Value {
+        sonic_rs::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
+    }
+}
+
+pub fn request_bytes(method: &str, path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "{method} {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Parses one complete response out of `raw` (Content-Length, chunked, or until close).
+pub fn parse_response(raw: &[u8]) -> Resp {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("no head") + 4;
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let status = head[9..12].parse().unwrap();
+    let lower = head.to_ascii_lowercase();
+    let rest = &raw[end..];
+    let body = if lower.contains("transfer-encoding: chunked") {
+        let mut out = Vec::new();
+        let mut dec = ChunkedDecoder::new();
+        dec.decode(rest, |d| out.extend_from_slice(d)).unwrap();
+        out
+    } else if let Some(i) = lower.find("content-length: ") {
+        let n: usize = lower[i + 16..].split("\r\n").next().unwrap().trim().parse().unwrap();
+        rest[..n.min(rest.len())].to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Resp { status, head, body }
+}
+
+/// One request on a fresh connection (Connection: close), read to EOF.
+pub fn http(port: u16, method: &str, path: &str, body: &str) -> Resp {
+    let raw = http_raw(port, &request_bytes(method, path, body), Duration::from_secs(10)).expect("request failed");
+    parse_response(&raw)
+}
+
+/// Writes `req` and reads until EOF or `timeout`; Err on timeout or connect failure.
+pub fn http_raw(port: u16, req: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(req)?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Sends a request and returns the instants at which each content token arrived.
+pub fn token_times(port: u16, path: &str, body: &str) -> (Instant, Vec<Instant>, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let start = Instant::now();
+    s.write_all(&request_bytes("POST", path, body)).unwrap();
+    let mut all = Vec::new();
+    let mut times = Vec::new();
+    let mut buf = [0u8; 65536];
+    let needle = b"\"content\":\" hi\"";
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        let before = count(&all, needle);
+        all.extend_from_slice(&buf[..n]);
+        let after = count(&all, needle);
+        let now = Instant::now();
+        for _ in before..after {
+            times.push(now);
+        }
+    }
+    (start, times, all)
+}
+
+pub fn count(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len()).filter(|w| *w == needle).count()
+}
+
+pub fn chat_body(extra: &str) -> String {
+    format!(r#"{{"model":"sim-model","messages":[{{"role":"user","content":"hello"}}]{extra}}}"#)
+}
+
+/// Runs smg-load with `args` and returns its parsed JSON report (or the compare rows).
+pub fn smg_load(args: &[&str], legacy: bool) -> sonic_rs::Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg-load"));
+    cmd.args(args).stderr(Stdio::inherit());
+    driver_env(&mut cmd, legacy);
+    let out = cmd.output().expect("run smg-load");
+    assert!(out.status.success(), "smg-load {args:?} failed: {}", String::from_utf8_lossy(&out.stdout));
+    sonic_rs::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}

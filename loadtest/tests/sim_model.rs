@@ -1,0 +1,117 @@
+//! smg-sim's timing model (TTFT, ITL, prefill, batching) and prefix-cache accounting, under both drivers.
+//!
+//! Timing checks run at light load (one request at a time) with ±20% bounds: they test the
+//! model's arithmetic end to end, not machine speed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use sonic_rs::JsonValueTrait;
+
+fn within(actual: Duration, expected_ms: f64, tol: f64) -> bool {
+    let a = actual.as_secs_f64() * 1000.0;
+    (a - expected_ms).abs() <= expected_ms * tol
+}
+
+#[test]
+fn ttft_and_itl_follow_the_flags() {
+    for legacy in DRIVERS {
+        let sim = Sim::start(&["--ports", "0", "--ttft-ms", "100", "--itl-ms", "20"], legacy);
+        let (start, times, _) =
+            token_times(sim.port(), "/v1/chat/completions", &chat_body(r#","max_tokens":11,"stream":true"#));
+        assert_eq!(times.len(), 11);
+        let ttft = times[0] - start;
+        assert!(within(ttft, 100.0, 0.2), "ttft {ttft:?}");
+        let itl = (times[10] - times[0]) / 10;
+        assert!(within(itl, 20.0, 0.2), "itl {itl:?}");
+
+        // Non-streaming: the answer comes when the last token is due.
+        let t0 = Instant::now();
+        let r = http(sim.port(), "POST", "/v1/chat/completions", &chat_body(r#","max_tokens":6"#));
+        assert_eq!(r.status, 200);
+        assert!(within(t0.elapsed(), 100.0 + 5.0 * 20.0, 0.2), "{:?}", t0.elapsed());
+    }
+}
+
+#[test]
+fn prefix_cache_accounting_and_cheaper_prefill() {
+    for legacy in DRIVERS {
+        // 100 µs per uncached token; 4 bytes per token, 16-token blocks.
+        let sim = Sim::start(
+            &["--ports", "0", "--ttft-ms", "20", "--prefill-us-per-token", "100", "--output-tokens", "1"],
+            legacy,
+        );
+        let p = sim.port();
+        let prompt = "abcd".repeat(1000); // 1000 tokens of text
+        let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
+        // Raw prompt JSON is the quoted string: 4002 bytes -> 1001 tokens; 62 whole blocks = 992 tokens.
+        let t0 = Instant::now();
+        let cold = http(p, "POST", "/v1/completions", &body).json();
+        let cold_t = t0.elapsed();
+        assert_eq!(cold["usage"]["prompt_tokens"].as_u64(), Some(1001));
+        assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(0));
+        assert!(within(cold_t, 20.0 + 100.1, 0.2), "cold {cold_t:?}");
+
+        let t0 = Instant::now();
+        let warm = http(p, "POST", "/v1/completions", &body).json();
+        let warm_t = t0.elapsed();
+        assert_eq!(warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(992));
+        // 9 uncached tokens: 20 ms + 0.9 ms.
+        assert!(within(warm_t, 20.9, 0.2) || warm_t < Duration::from_millis(25), "warm {warm_t:?}");
+
+        // A shared prefix hits up to the first differing block.
+        let other = format!(r#"{{"model":"m","prompt":"{}{}"}}"#, &prompt[..2000], "z".repeat(2000));
+        let j = http(p, "POST", "/v1/completions", &other).json();
+        // The quote plus 2000 shared bytes: 31 whole 64-byte blocks match (the 32nd mixes in 'z').
+        assert_eq!(j["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(31 * 16));
+
+        let stats = http(p, "GET", "/sim/stats", "").json();
+        assert_eq!(stats["cached_tokens"].as_u64(), Some(992 + 31 * 16));
+        let loads = http(p, "GET", "/v1/loads", "").json();
+        assert!(loads["loads"][0]["cache_hit_rate"].as_f64().unwrap() > 0.3);
+
+        // Flushing empties the cache.
+        assert_eq!(http(p, "POST", "/flush_cache", "").status, 200);
+        let j = http(p, "POST", "/v1/completions", &body).json();
+        assert_eq!(j["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(0));
+
+        // --cache-tokens 0 disables caching.
+        let nocache = Sim::start(&["--ports", "0", "--cache-tokens", "0"], legacy);
+        for _ in 0..2 {
+            let j = http(nocache.port(), "POST", "/v1/completions", &body).json();
+            assert_eq!(j["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(0));
+        }
+    }
+}
+
+#[test]
+fn continuous_batching_queues_beyond_max_running() {
+    for legacy in DRIVERS {
+        let sim =
+            Sim::start(&["--ports", "0", "--max-running", "2", "--ttft-ms", "150", "--output-tokens", "1"], legacy);
+        let port = sim.port();
+        let t0 = Instant::now();
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let r = http(port, "POST", "/v1/chat/completions", &chat_body(""));
+                    assert_eq!(r.status, 200);
+                    t0.elapsed()
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(60));
+        let loads = http(port, "GET", "/v1/loads", "").json();
+        assert_eq!(loads["loads"][0]["num_running_reqs"].as_u64(), Some(2), "{loads:?}");
+        assert_eq!(loads["loads"][0]["num_waiting_reqs"].as_u64(), Some(2), "{loads:?}");
+        assert!(loads["loads"][0]["num_used_tokens"].as_u64().unwrap() > 0);
+        let mut done: Vec<Duration> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        done.sort();
+        assert!(within(done[1], 150.0, 0.2), "{done:?}");
+        assert!(within(done[3], 300.0, 0.2), "{done:?}");
+        let loads = http(port, "GET", "/v1/loads", "").json();
+        assert_eq!(loads["loads"][0]["num_running_reqs"].as_u64(), Some(0));
+    }
+}
