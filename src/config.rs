@@ -4,6 +4,7 @@ use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::contract::Aliases;
 use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
 use crate::workers::WorkerUrl;
 
@@ -86,6 +87,9 @@ pub struct LaunchArgs {
     /// least_load: seconds between polls of each worker's /v1/loads.
     #[arg(long, default_value_t = 10)]
     pub load_monitor_interval: u64,
+    /// Accept ALIAS as a model name and route it as CANONICAL (repeatable).
+    #[arg(long = "model-alias", value_name = "ALIAS=CANONICAL")]
+    pub model_alias: Vec<String>,
     /// Largest request body accepted, in bytes; larger ones get 413 request_body_too_large.
     #[arg(long, default_value_t = 536_870_912)]
     pub max_payload_size: usize,
@@ -154,6 +158,7 @@ pub struct Config {
     pub workers: Vec<WorkerUrl>,
     pub listen: SocketAddr,
     pub routing: RoutingConfig,
+    pub aliases: Aliases,
     pub load_interval: Duration,
     pub max_payload_size: usize,
     pub request_timeout: Duration,
@@ -257,6 +262,7 @@ impl LaunchArgs {
             workers,
             listen: SocketAddr::new(ip, self.port),
             routing: self.routing_config()?,
+            aliases: Aliases::parse(&self.model_alias)?,
             load_interval: positive("--load-monitor-interval", self.load_monitor_interval)?,
             max_payload_size: self.max_payload_size,
             request_timeout: positive("--request-timeout-secs", self.request_timeout_secs)?,

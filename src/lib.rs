@@ -8,6 +8,7 @@
 pub mod log;
 pub mod api;
 pub mod config;
+pub mod contract;
 pub mod demo;
 pub mod http;
 pub mod routing;

@@ -73,7 +73,12 @@ fn readiness_models_and_health() {
         assert_eq!(get(gw.port, "/liveness").status, 200);
         assert_eq!(get(gw.port, "/health").status, 200);
         // Not routable yet: no model known → 404 model_not_found.
-        let r = post(gw.port, "/v1/chat/completions", r#"{"model":"org/model-a","messages":[]}"#, &[]);
+        let r = post(
+            gw.port,
+            "/v1/chat/completions",
+            r#"{"model":"org/model-a","messages":[{"role":"user","content":"hi"}]}"#,
+            &[],
+        );
         assert_eq!(r.status, 404);
 
         w.state.healthy.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -155,16 +160,26 @@ fn request_ids_generated_per_endpoint_and_from_configured_headers() {
             ("/generate", "gnt-"),
             ("/v1/embeddings", "embd-"),
         ] {
-            let r = post(gw.port, path, r#"{"model":"m"}"#, &[]);
+            let r =
+                post(gw.port, path, r#"{"model":"m","prompt":"x","messages":[{"role":"user","content":"hi"}]}"#, &[]);
             assert_eq!(r.status, 200);
             assert!(r.header("x-request-id").unwrap().starts_with(prefix), "{path}: {:?}", r.header("x-request-id"));
         }
-        let r =
-            post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &["X-Correlation-ID: corr-1", "request-id: later"]);
+        let r = post(
+            gw.port,
+            "/v1/completions",
+            r#"{"model":"m","prompt":"x"}"#,
+            &["X-Correlation-ID: corr-1", "request-id: later"],
+        );
         assert_eq!(r.header("x-request-id"), Some("corr-1"));
         drop(gw);
         let gw = gw_with(legacy, &w, &["--request-id-headers", "x-my-id"]);
-        let r = post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &["X-Request-ID: ignored", "X-My-Id: mine"]);
+        let r = post(
+            gw.port,
+            "/v1/completions",
+            r#"{"model":"m","prompt":"x"}"#,
+            &["X-Request-ID: ignored", "X-My-Id: mine"],
+        );
         assert_eq!(r.header("x-request-id"), Some("mine"));
     });
 }
@@ -188,7 +203,12 @@ fn every_inference_endpoint_is_forwarded() {
             "/v1/detokenize",
         ];
         for p in paths {
-            let r = post(gw.port, p, r#"{"model":"m","input":"x"}"#, &[]);
+            let r = post(
+                gw.port,
+                p,
+                r#"{"model":"m","input":"x","prompt":"x","messages":[{"role":"user","content":"hi"}]}"#,
+                &[],
+            );
             assert_eq!(r.status, 200, "{p}");
         }
         let seen: Vec<String> = w.requests().into_iter().map(|r| r.path).collect();
@@ -203,7 +223,12 @@ fn gateway_errors_use_the_envelope() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
-        let r = post(gw.port, "/v1/chat/completions", r#"{"model":"other","messages":[]}"#, &[]);
+        let r = post(
+            gw.port,
+            "/v1/chat/completions",
+            r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#,
+            &[],
+        );
         assert_eq!(r.status, 404);
         assert_eq!(r.header("x-smg-error-code"), Some("model_not_found"));
         let j = r.json();
@@ -261,7 +286,7 @@ fn sse_events_arrive_before_the_worker_finishes() {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
         let mut s = gw.connect();
-        let body = r#"{"model":"m","stream":true,"fake":"sse","events":5,"gap_ms":150}"#;
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":5,"gap_ms":150}"#;
         s.write_all(post_bytes("/v1/chat/completions", body, &[]).as_bytes()).unwrap();
         // Read the head and the first event as raw bytes, stamping when the event arrived.
         let mut raw = Vec::new();
@@ -297,8 +322,12 @@ fn worker_error_on_streaming_request_keeps_status_and_type() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
-        let r =
-            post(gw.port, "/v1/chat/completions", r#"{"model":"m","stream":true,"fake":"error","status":422}"#, &[]);
+        let r = post(
+            gw.port,
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"error","status":422}"#,
+            &[],
+        );
         assert_eq!(r.status, 422);
         assert_eq!(r.header("content-type"), Some("application/json"));
         assert_eq!(r.json()["error"]["message"].as_str(), Some("bad"));
@@ -332,7 +361,7 @@ fn pipelined_requests_are_answered_in_order() {
         let gw = gw_with(legacy, &w, &[]);
         let mut s = gw.connect();
         let mut all = String::new();
-        let bodies: Vec<String> = (0..8).map(|i| format!(r#"{{"model":"m","n":{i}}}"#)).collect();
+        let bodies: Vec<String> = (0..8).map(|i| format!(r#"{{"model":"m","prompt":"p{i}"}}"#)).collect();
         for (i, b) in bodies.iter().enumerate() {
             if i == 3 {
                 all.push_str("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -358,10 +387,10 @@ fn expect_continue_and_keep_alive() {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
         let mut s = gw.connect();
-        let body = r#"{"model":"m"}"#;
+        let body = r#"{"model":"m","prompt":"x"}"#;
         s.write_all(
             format!(
-                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
                 body.len()
             )
             .as_bytes(),
@@ -436,7 +465,7 @@ fn oversize_body_gets_413_and_next_connection_is_served() {
         let mut s = gw.connect();
         s.write_all(format!("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{big}\r\n0\r\n\r\n", big.len()).as_bytes()).unwrap();
         assert_eq!(read_response(&mut s, &mut Vec::new(), false).unwrap().status, 413);
-        let ok = post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &[]);
+        let ok = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]);
         assert_eq!(ok.status, 200);
         assert_eq!(w.requests().len(), 1);
     });
@@ -448,7 +477,7 @@ fn client_abort_mid_stream_closes_upstream_quickly() {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
         let mut s = gw.connect();
-        let body = r#"{"model":"m","stream":true,"fake":"sse","events":100,"gap_ms":1000}"#;
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":100,"gap_ms":1000}"#;
         s.write_all(post_bytes("/v1/chat/completions", body, &[]).as_bytes()).unwrap();
         let mut raw = Vec::new();
         while !raw.windows(8).any(|x| x == b"\"i\":0}\n\n") {
@@ -478,8 +507,12 @@ fn upstream_dying_mid_stream_ends_the_client_response() {
         let gw = gw_with(legacy, &w, &[]);
         let mut s = gw.connect();
         s.write_all(
-            post_bytes("/v1/chat/completions", r#"{"model":"m","stream":true,"fake":"die","events":2}"#, &[])
-                .as_bytes(),
+            post_bytes(
+                "/v1/chat/completions",
+                r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"die","events":2}"#,
+                &[],
+            )
+            .as_bytes(),
         )
         .unwrap();
         let r = read_response(&mut s, &mut Vec::new(), false).unwrap();
@@ -489,7 +522,7 @@ fn upstream_dying_mid_stream_ends_the_client_response() {
         assert!(closed_within(&mut s, Duration::from_secs(3)));
         assert!(gw.log_text().contains("died mid-response"), "{}", gw.log_text());
         // The shard is fine.
-        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &[]).status, 200);
+        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).status, 200);
     });
 }
 
@@ -502,7 +535,7 @@ fn stale_pooled_connection_is_retried_silently() {
         let mut rest = Vec::new();
         for i in 0..20 {
             // "close" answers, then drops the connection the gateway just pooled.
-            let body = format!(r#"{{"model":"m","fake":"close","i":{i}}}"#);
+            let body = format!(r#"{{"model":"m","prompt":"x","fake":"close","i":{i}}}"#);
             s.write_all(post_bytes("/v1/completions", &body, &[]).as_bytes()).unwrap();
             let r = read_response(&mut s, &mut rest, false).unwrap();
             assert_eq!(r.status, 200, "request {i}: {}", r.text());
@@ -518,7 +551,7 @@ fn connect_failure_is_502_then_503_once_marked_down() {
         let gw = gw_with(legacy, &w, &[]);
         w.stop();
         std::thread::sleep(Duration::from_millis(100));
-        let r = post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &[]);
+        let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]);
         assert!(r.status == 502 || r.status == 503, "{} {}", r.status, r.text());
         if r.status == 502 {
             assert_eq!(r.json()["error"]["type"].as_str(), Some("Bad Gateway"));
@@ -527,7 +560,7 @@ fn connect_failure_is_502_then_503_once_marked_down() {
         // The connect failure triggers a re-probe; the worker is then down → 503.
         let until = Instant::now() + Duration::from_secs(10);
         loop {
-            let r = post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &[]);
+            let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]);
             if r.status == 503 {
                 assert_eq!(r.header("x-smg-error-code"), Some("no_available_workers"));
                 assert_eq!(r.json()["error"]["type"].as_str(), Some("Service Unavailable"));
@@ -545,7 +578,7 @@ fn no_response_head_within_timeout_is_504() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &["--request-timeout-secs", "1"]);
-        let r = post(gw.port, "/v1/completions", r#"{"model":"m","fake":"stall"}"#, &[]);
+        let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x","fake":"stall"}"#, &[]);
         assert_eq!(r.status, 504);
         assert_eq!(r.json()["error"]["type"].as_str(), Some("Gateway Timeout"));
         assert_eq!(r.header("x-smg-error-code"), Some(r.json()["error"]["code"].as_str().unwrap()));
@@ -583,8 +616,12 @@ fn hostile(seed: &mut u64) -> Vec<u8> {
         *seed ^= *seed << 17;
         *seed
     };
-    let base =
-        post_bytes("/v1/chat/completions", r#"{"model":"m","messages":[]}"#, &["Authorization: Bearer x"]).into_bytes();
+    let base = post_bytes(
+        "/v1/chat/completions",
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        &["Authorization: Bearer x"],
+    )
+    .into_bytes();
     let mut b = base.clone();
     match next() % 7 {
         0 => b.truncate((next() as usize) % b.len()),
@@ -616,7 +653,7 @@ fn hostile_heads_never_crash_or_leak() {
         let w = FakeWorker::start("m");
         let mut gw = gw_with(legacy, &w, &["--client-read-timeout-secs", "1", "--client-idle-timeout-secs", "1"]);
         // Warm up pools and lazily created state before taking the baseline.
-        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &[]).status, 200);
+        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).status, 200);
         std::thread::sleep(Duration::from_millis(200));
         let baseline = gw.fd_count();
         let mut seed = 0x5eed_u64;
@@ -635,7 +672,7 @@ fn hostile_heads_never_crash_or_leak() {
         drop(conns);
         assert!(gw.alive(), "gateway died; log:\n{}", gw.log_text());
         // Valid traffic is still served.
-        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m"}"#, &[]).status, 200);
+        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).status, 200);
         // Every hostile connection is closed within the client timeouts; fds return to baseline.
         let until = Instant::now() + Duration::from_secs(8);
         loop {
@@ -658,7 +695,7 @@ fn sigterm_drains_in_flight_streams_and_exits_zero() {
         s.write_all(
             post_bytes(
                 "/v1/chat/completions",
-                r#"{"model":"m","stream":true,"fake":"sse","events":6,"gap_ms":100}"#,
+                r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":6,"gap_ms":100}"#,
                 &[],
             )
             .as_bytes(),
