@@ -18,6 +18,27 @@ pub fn allowed_cores() -> Vec<core_affinity::CoreId> {
     core_affinity::get_core_ids().unwrap_or_default()
 }
 
+/// One shard's reactor: monoio's fusion driver (io_uring where the kernel allows, epoll
+/// otherwise or with MONOIO_FORCE_LEGACY_DRIVER=1).
+///
+/// The ring is set up with COOP_TASKRUN and SINGLE_ISSUER: a shard is the only thread that
+/// submits to its ring, so the kernel need not interrupt it to run completions. Measured on
+/// chat-1k (one pinned shard, 64 connections, A/B interleaved, 4 s each): 20.6–30 µs of
+/// gateway CPU per request with a plain ring, 14.4–15.2 µs with these flags. DEFER_TASKRUN
+/// measured no better and delays completions to the next wait, so it is not used. A kernel
+/// that refuses the flags gets a plain ring.
+type ShardRuntime = monoio::FusionRuntime<
+    monoio::time::TimeDriver<monoio::IoUringDriver>,
+    monoio::time::TimeDriver<monoio::LegacyDriver>,
+>;
+
+fn build_runtime() -> std::io::Result<ShardRuntime> {
+    let mut tuned = io_uring::IoUring::builder();
+    tuned.setup_coop_taskrun().setup_single_issuer();
+    let base = || monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().with_entries(1024);
+    base().uring_builder(tuned).build().or_else(|_| base().build())
+}
+
 /// Blocks SIGTERM and SIGINT in this thread (and so in every thread spawned after), so
 /// only the main thread's sigwait sees them.
 fn block_signals() -> libc::sigset_t {
@@ -66,11 +87,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 if let Some(core) = core {
                     core_affinity::set_for_current(core);
                 }
-                let mut rt = match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                    .enable_timer()
-                    .with_entries(1024)
-                    .build()
-                {
+                let mut rt = match build_runtime() {
                     Ok(rt) => rt,
                     Err(e) => {
                         let _ = ready.send(Err(format!("shard {index}: runtime: {e}")));
