@@ -125,6 +125,9 @@ pub struct RouterStats {
 pub struct ShardRouter {
     cfg: RoutingConfig,
     shard_index: usize,
+    /// More than one shard routes for this gateway: new pinned keys must be placed the same
+    /// way on every shard.
+    sharded: bool,
     rng: WyRand,
     rr: usize,
     slots: Slots,
@@ -144,6 +147,7 @@ impl ShardRouter {
         ShardRouter {
             cfg: cfg.clone(),
             shard_index,
+            sharded: shard_count > 1,
             // Seeded per shard: shards draw independent streams, and runs are reproducible.
             rng: WyRand::new(0x5eed_0000_0000_0000 ^ (shard_index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             rr: shard_index,
@@ -195,7 +199,7 @@ impl ShardRouter {
         if cands.is_empty() {
             return Err(RouteError::NoWorker);
         }
-        let Self { cfg, rng, rr, slots, views, cache, manual, sticky, .. } = self;
+        let Self { cfg, rng, rr, slots, views, cache, manual, sticky, sharded, .. } = self;
         let view = views.get(input.model, cands, epoch, slots);
         match cfg.policy {
             PolicyKind::ConsistentHashing => consistent::pick(cfg, view, cands.len(), input, rng),
@@ -211,7 +215,15 @@ impl ShardRouter {
                     }
                     return Ok(i);
                 }
-                let i = match cfg.assignment_mode {
+                // `delegate` lets the policy place a new key. With several shards each shard
+                // keeps its own sticky map, and a shard-local draw (round_robin's counter, an
+                // RNG, local loads) would pin the same key to different workers on different
+                // shards; the key's hash places it identically everywhere instead.
+                let mode = match cfg.assignment_mode {
+                    AssignmentMode::Delegate if *sharded => AssignmentMode::Random,
+                    mode => mode,
+                };
+                let i = match mode {
                     AssignmentMode::Delegate => place(policy, cfg, view, slots, cands, input, cache, rng, rr),
                     mode => {
                         let i = manual::assign(mode, manual::key_hash(key), view, cands, sticky);

@@ -1,0 +1,175 @@
+//! Routing policies through the real binary: stickiness, spread and routing headers, with
+//! requests on fresh connections so they land on either shard.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sonic_rs::JsonValueTrait;
+use support::*;
+
+struct World {
+    workers: Vec<FakeWorker>,
+    gw: Gateway,
+}
+
+fn world(legacy: bool, n: usize, args: &[&str]) -> World {
+    let workers: Vec<FakeWorker> = (0..n).map(|_| FakeWorker::start("m")).collect();
+    let urls: Vec<String> = workers.iter().map(FakeWorker::url).collect();
+    let mut all: Vec<&str> = vec!["--worker-urls"];
+    all.extend(urls.iter().map(String::as_str));
+    all.extend_from_slice(args);
+    let gw = Gateway::start(legacy, &all);
+    gw.ready();
+    // Every worker must be routable before distribution is measured.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !get(gw.port, "/readiness").text().contains(&format!("\"healthy_workers\":{n}")) {
+        assert!(std::time::Instant::now() < until, "not all workers came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    World { workers, gw }
+}
+
+fn chat(turns: &[(&str, &str)]) -> String {
+    let msgs: Vec<String> = turns
+        .iter()
+        .map(|(role, text)| format!(r#"{{"role":"{role}","content":{}}}"#, sonic_rs::to_string(text).unwrap()))
+        .collect();
+    format!(r#"{{"model":"m","messages":[{}]}}"#, msgs.join(","))
+}
+
+fn routed(r: &Response) -> String {
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-smg-routed-worker-id").unwrap().to_string()
+}
+
+#[test]
+fn cache_aware_keeps_conversations_on_one_worker_across_shards() {
+    both_drivers(|legacy| {
+        let w = world(legacy, 3, &["--cores", "2"]);
+        let mut used = HashSet::new();
+        for conv in 0..6 {
+            let system = format!("You are assistant number {conv}. {}", "Follow the house style. ".repeat(40));
+            let mut turns: Vec<(String, String)> = vec![("system".into(), system)];
+            let mut first: Option<String> = None;
+            for turn in 0..4 {
+                turns.push(("user".into(), format!("question {turn} of conversation {conv}")));
+                let refs: Vec<(&str, &str)> = turns.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+                let who = routed(&post(w.gw.port, "/v1/chat/completions", &chat(&refs), &[]));
+                match &first {
+                    None => first = Some(who.clone()),
+                    Some(f) => assert_eq!(&who, f, "conversation {conv} moved at turn {turn}"),
+                }
+                turns.push(("assistant".into(), format!("answer {turn}")));
+                // Real turns are seconds apart; digests cross shards every 100 ms.
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            used.insert(first.unwrap());
+        }
+        assert!(used.len() >= 2, "a quiet system piled every conversation onto {used:?}");
+        assert_eq!(w.workers.iter().map(|x| x.requests().len()).sum::<usize>(), 24);
+    });
+}
+
+#[test]
+fn consistent_hashing_keys_and_target_worker() {
+    both_drivers(|legacy| {
+        let w = world(legacy, 3, &["--policy", "consistent_hashing", "--cores", "2"]);
+        let body = chat(&[("user", "hi")]);
+        let mut by_key: HashMap<String, HashSet<String>> = HashMap::new();
+        for i in 0..40 {
+            let key = format!("user-{}", i % 8);
+            let who = routed(&post(w.gw.port, "/v1/chat/completions", &body, &[&format!("X-SMG-Routing-Key: {key}")]));
+            by_key.entry(key).or_default().insert(who);
+        }
+        assert!(by_key.values().all(|s| s.len() == 1), "a key moved between workers: {by_key:?}");
+        let distinct: HashSet<_> = by_key.values().flatten().collect();
+        assert!(distinct.len() >= 2, "8 keys all hashed to one worker");
+        // Authorization is the next key in priority.
+        let a = routed(&post(w.gw.port, "/v1/chat/completions", &body, &["Authorization: Bearer tenant-1"]));
+        for _ in 0..5 {
+            assert_eq!(routed(&post(w.gw.port, "/v1/chat/completions", &body, &["Authorization: Bearer tenant-1"])), a);
+        }
+        // X-SMG-Target-Worker: index among the model's available workers, in registration order.
+        for (i, wk) in w.workers.iter().enumerate() {
+            let r = post(
+                w.gw.port,
+                "/v1/chat/completions",
+                &body,
+                &[&format!("X-SMG-Target-Worker: {i}"), "X-SMG-Routing-Key: k"],
+            );
+            assert_eq!(routed(&r), wk.url());
+        }
+        let r = post(w.gw.port, "/v1/chat/completions", &body, &["X-SMG-Target-Worker: 7"]);
+        assert_eq!(r.status, 503);
+        assert_eq!(r.header("x-smg-error-code"), Some("no_available_workers"));
+        assert_eq!(r.json()["error"]["type"].as_str(), Some("Service Unavailable"));
+    });
+}
+
+#[test]
+fn round_robin_and_random_spread_load() {
+    both_drivers(|legacy| {
+        let w = world(legacy, 3, &["--policy", "round_robin", "--cores", "1"]);
+        let body = chat(&[("user", "hi")]);
+        let mut count: HashMap<String, usize> = HashMap::new();
+        for _ in 0..30 {
+            *count.entry(routed(&post(w.gw.port, "/v1/chat/completions", &body, &[]))).or_default() += 1;
+        }
+        assert_eq!(count.len(), 3);
+        assert!(count.values().all(|c| *c == 10), "{count:?}");
+        drop(w);
+        let w = world(legacy, 3, &["--policy", "random"]);
+        let mut seen = HashSet::new();
+        for _ in 0..60 {
+            seen.insert(routed(&post(w.gw.port, "/v1/chat/completions", &body, &[])));
+        }
+        assert_eq!(seen.len(), 3, "random never picked some worker in 60 tries");
+    });
+}
+
+#[test]
+fn routing_hints_are_ignored_when_malformed_and_never_forwarded() {
+    both_drivers(|legacy| {
+        let w = world(legacy, 2, &[]);
+        let body = chat(&[("user", "hi")]);
+        for hint in ["1,2,3", "1,,2", "-1", "4294967296", "a,b", " 1 , 2", &"1,".repeat(600)] {
+            let r = post(w.gw.port, "/v1/chat/completions", &body, &[&format!("X-SMG-Routing-Tokens: {hint}")]);
+            assert_eq!(r.status, 200, "hint {hint:?}");
+        }
+        let r = post(w.gw.port, "/v1/chat/completions", &body, &[&format!("X-SMG-Routing-Key: {}", "k".repeat(200))]);
+        assert_eq!(r.status, 200, "an over-long routing key is ignored, not an error");
+        for wk in &w.workers {
+            assert!(wk.requests().iter().all(|r| r.header("x-smg-routing-tokens").is_none()));
+        }
+    });
+}
+
+#[test]
+fn manual_and_routing_key_override_pin_keys_across_shards() {
+    both_drivers(|legacy| {
+        let w = world(legacy, 3, &["--policy", "manual", "--cores", "2"]);
+        let body = chat(&[("user", "hi")]);
+        for k in 0..6 {
+            let hdr = format!("X-SMG-Routing-Key: session-{k}");
+            let first = routed(&post(w.gw.port, "/v1/chat/completions", &body, &[&hdr]));
+            for _ in 0..5 {
+                assert_eq!(routed(&post(w.gw.port, "/v1/chat/completions", &body, &[&hdr])), first);
+            }
+        }
+        drop(w);
+        // With the override, the body's rid pins (lineage suffixes _r<n>/_t<n> stripped).
+        let w = world(legacy, 3, &["--policy", "round_robin", "--routing-key-override", "--cores", "2"]);
+        for conv in 0..4 {
+            let mut seen = HashSet::new();
+            for (i, suffix) in ["", "_r1", "_r2", "_t1", "_r3"].iter().enumerate() {
+                let b = format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":"hi {i}"}}],"rid":"conv-{conv}{suffix}"}}"#
+                );
+                seen.insert(routed(&post(w.gw.port, "/v1/chat/completions", &b, &[])));
+            }
+            assert_eq!(seen.len(), 1, "rid conv-{conv} spread over {seen:?}");
+        }
+    });
+}
