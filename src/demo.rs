@@ -1,6 +1,7 @@
 //! `smg demo`: the gateway on 127.0.0.1 in front of two built-in simulated workers
 //! (smg-sim, in this process), so a newcomer sees streaming and routing with no setup.
 
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -57,12 +58,16 @@ pub fn config(args: &DemoArgs) -> Result<Config, String> {
         Command::Launch(launch) => launch.into_config()?,
         Command::Demo(_) => unreachable!("parsed a launch command"),
     };
-    println!("smg demo: gateway on http://127.0.0.1:{} in front of simulated workers {}", args.port, urls.join(", "));
-    println!("Try:");
-    println!(
-        "  curl http://127.0.0.1:{}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"stream\":true}}'",
-        args.port, args.model
+    // A closed stdout (piped into `head`, say) must not take the gateway down: write, don't print.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "smg demo: gateway on http://127.0.0.1:{} in front of simulated workers {}\nTry:\n  curl http://127.0.0.1:{}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"stream\":true}}'\nStop with Ctrl-C.",
+        args.port,
+        urls.join(", "),
+        args.port,
+        args.model
     );
-    println!("Stop with Ctrl-C.");
+    let _ = out.flush();
     Ok(cfg)
 }

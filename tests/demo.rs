@@ -15,15 +15,17 @@ fn demo_serves_the_printed_request() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut curl = None;
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        if let Some(i) = line.find("curl ") {
-            curl = Some(line[i..].to_string());
-            break;
+    // Keep draining stdout for the child's whole life, as a terminal would.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("curl ") {
+                let _ = tx.send(line[i..].to_string());
+            }
         }
-    }
-    let curl = curl.expect("demo printed no curl line");
+    });
+    let curl = rx.recv_timeout(Duration::from_secs(30)).expect("demo printed no curl line");
     let until = Instant::now() + Duration::from_secs(20);
     while support::try_get(port, "/readiness").map(|r| r.status).ok() != Some(200) {
         assert!(Instant::now() < until, "demo never became ready");

@@ -46,9 +46,18 @@ pub(crate) fn pick(
     let Some(key) = prefix_key(cfg, input) else {
         return least_load(rng, cands);
     };
-    let total: usize = cands.iter().map(|c| c.load).sum();
-    let mean = (total + 1) as f32 / cands.len() as f32;
-    let overloaded = |load: usize| {
+    // The mean (an O(workers) sum) is needed only for a worker above the absolute threshold:
+    // at or below it, `load > mean + threshold` cannot hold. So a quiet ring decides in
+    // O(log n), flat from 2 to 1,000 workers, and the sum is paid only under real load.
+    let mut mean: Option<f32> = None;
+    let mut overloaded = |load: usize| {
+        if load <= cfg.prefix_hash_balance_abs_threshold {
+            return false;
+        }
+        let mean = *mean.get_or_insert_with(|| {
+            let total: usize = cands.iter().map(|c| c.load).sum();
+            (total + 1) as f32 / cands.len() as f32
+        });
         let l = load as f32;
         l > mean * cfg.prefix_hash_load_factor && l > mean + cfg.prefix_hash_balance_abs_threshold as f32
     };
