@@ -21,7 +21,7 @@ run() { # policy shards
   # Turns of one user come seconds apart in real use; pace them so digests can cross shards.
   printf '%-12s shards=%s  ' "$1" "$2"
   "$bin/smg-load" run --url "http://127.0.0.1:$gw" --scenario multi-turn-affinity --rate 40 \
-    --requests 160 2>&1 | grep -i "cached/prompt" || true
+    --requests 168 2>&1 | grep -i "cached/prompt" || true
   kill "$smg" "$sim" 2>/dev/null; wait "$smg" "$sim" 2>/dev/null || true
 }
 run cache_aware 1

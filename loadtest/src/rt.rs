@@ -10,7 +10,13 @@ use monoio::net::{ListenerOpts, TcpListener};
 ///
 /// The fusion driver honours `MONOIO_FORCE_LEGACY_DRIVER=1`, which is how tests cover both drivers.
 pub fn block_on<F: Future>(fut: F) -> io::Result<F::Output> {
-    let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build()?;
+    // COOP_TASKRUN + SINGLE_ISSUER, as the gateway does (src/runtime/mod.rs has the
+    // measurement): each thread is its ring's only submitter, so the kernel need not
+    // interrupt it to run completions. A kernel that refuses the flags gets a plain ring.
+    let mut tuned = io_uring::IoUring::builder();
+    tuned.setup_coop_taskrun().setup_single_issuer();
+    let base = || monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer();
+    let mut rt = base().uring_builder(tuned).build().or_else(|_| base().build())?;
     Ok(rt.block_on(fut))
 }
 
