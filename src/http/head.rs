@@ -5,6 +5,8 @@
 
 use std::ops::Range;
 
+use smg_wire::header::{has_token, parse_content_length, trim};
+
 /// Longest request line we accept before answering 414.
 pub const MAX_REQUEST_LINE: usize = 8 * 1024;
 /// Largest request head (line + headers) before answering 431.
@@ -110,24 +112,6 @@ pub fn is_forwarded_header(name: &[u8]) -> bool {
 fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
     let start = part.as_ptr() as usize - buf.as_ptr() as usize;
     start..start + part.len()
-}
-
-fn trim(v: &[u8]) -> &[u8] {
-    let s = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
-    let e = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(s, |e| e + 1);
-    &v[s..e]
-}
-
-fn parse_content_length(v: &[u8]) -> Option<u64> {
-    let v = trim(v);
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    v.iter().try_fold(0u64, |acc, d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0')))
-}
-
-fn has_token(v: &[u8], token: &[u8]) -> bool {
-    v.split(|b| *b == b',').any(|t| trim(t).eq_ignore_ascii_case(token))
 }
 
 /// Parses a request head from the start of `buf`.

@@ -1,8 +1,9 @@
-//! Chunked transfer coding (RFC 9112 §7.1): one state machine for both directions.
+//! Chunked transfer coding (RFC 9112 §7.1): one state machine for every direction.
 //!
-//! Requests: the decoder appends chunk data to the body buffer, so the worker receives the
-//! same payload bytes with a Content-Length. Responses: the same machine runs without an
-//! output, only to find where the message ends, while the raw bytes are relayed untouched.
+//! The gateway decodes request bodies into a buffer (the worker receives the same payload
+//! bytes with a Content-Length) and scans worker responses without output, only to find where
+//! the message ends while the raw bytes are relayed untouched. The simulator and the load
+//! generator decode through a sink.
 
 /// Longest chunk extension we skip before calling the framing malformed.
 const MAX_EXTENSION: usize = 1024;
@@ -50,6 +51,14 @@ enum State {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkError(pub &'static str);
 
+impl std::fmt::Display for ChunkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for ChunkError {}
+
 #[derive(Debug, Clone)]
 pub struct ChunkedDecoder {
     state: State,
@@ -76,7 +85,16 @@ impl ChunkedDecoder {
 
     /// Consumes framing from `input`, appending chunk data to `out` when given.
     /// Returns how many bytes of `input` belong to this message (it stops at the end).
-    pub fn feed(&mut self, input: &[u8], mut out: Option<&mut Vec<u8>>) -> Result<usize, ChunkError> {
+    pub fn feed(&mut self, input: &[u8], out: Option<&mut Vec<u8>>) -> Result<usize, ChunkError> {
+        match out {
+            Some(out) => self.decode(input, |d| out.extend_from_slice(d)),
+            None => self.decode(input, |_| {}),
+        }
+    }
+
+    /// Consumes framing from `input`, handing each run of chunk data to `sink`.
+    /// Returns how many bytes of `input` belong to this message (it stops at the end).
+    pub fn decode(&mut self, input: &[u8], mut sink: impl FnMut(&[u8])) -> Result<usize, ChunkError> {
         let mut i = 0;
         while i < input.len() {
             let b = input[i];
@@ -116,8 +134,8 @@ impl ChunkedDecoder {
                 }
                 State::Data { remaining } => {
                     let take = remaining.min((input.len() - i) as u64) as usize;
-                    if let Some(out) = out.as_deref_mut() {
-                        out.extend_from_slice(&input[i..i + take]);
+                    if take > 0 {
+                        sink(&input[i..i + take]);
                     }
                     i += take;
                     let left = remaining - take as u64;
