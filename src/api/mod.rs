@@ -85,7 +85,8 @@ pub async fn dispatch(
     buf: Vec<u8>,
     body: Body,
 ) -> (Finish, Vec<u8>) {
-    let path_str = String::from_utf8_lossy(&buf[head.path.clone()]).into_owned();
+    // Only error answers name the path; borrow it lazily so a proxied request allocates nothing here.
+    let path_str = || String::from_utf8_lossy(&buf[head.path.clone()]);
     let r = route(&buf[head.path.clone()]);
     let head_only = head.method == Method::Head;
     let readable = matches!(head.method, Method::Get | Method::Head);
@@ -95,7 +96,9 @@ pub async fn dispatch(
         Route::Inference(ep) if head.method == Method::Post => {
             return proxy::forward(shard, client, head, buf, body, ep).await
         }
-        Route::Inference(_) => ApiError::method_not_allowed(&path_str).write_response(&mut out, None, head_only, close),
+        Route::Inference(_) => {
+            ApiError::method_not_allowed(&path_str()).write_response(&mut out, None, head_only, close)
+        }
         Route::Health if readable => write_simple(
             &mut out,
             &Simple { status: 200, content_type: "text/plain", headers: &[], body: b"OK" },
@@ -126,9 +129,9 @@ pub async fn dispatch(
             write_simple(&mut out, &resp, head_only, close);
         }
         Route::Health | Route::Readiness | Route::Models => {
-            ApiError::method_not_allowed(&path_str).write_response(&mut out, None, head_only, close)
+            ApiError::method_not_allowed(&path_str()).write_response(&mut out, None, head_only, close)
         }
-        Route::NotFound => ApiError::route_not_found(&path_str).write_response(&mut out, None, head_only, close),
+        Route::NotFound => ApiError::route_not_found(&path_str()).write_response(&mut out, None, head_only, close),
     }
     let (res, _) = write_all(client, out).await;
     (if res.is_ok() && !close { Finish::KeepAlive } else { Finish::Close }, buf)
