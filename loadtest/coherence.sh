@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Cache-aware routing quality through the gateway: the cached-token ratio the simulator's
-# prefix caches report on the multi-turn-affinity scenario, for cache_aware with one shard
+# prefix caches (the simulator's default 1M tokens each) report on the multi-turn-affinity
+# scenario against 8 workers, for cache_aware with one shard
 # (one shared tree), with two shards (per-core trees kept coherent by insert digests), and
 # round_robin. Run from the repository root after `cargo build --release --workspace`.
 # Everything listens on 127.0.0.1 and stops by itself.
@@ -10,14 +11,14 @@ bin=./target/release
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 run() { # policy shards
   local ports=() urls=()
-  for _ in 1 2 3 4 5; do p=$(free_port); ports+=("$p"); urls+=("http://127.0.0.1:$p"); done
+  for _ in 1 2 3 4 5 6 7 8; do p=$(free_port); ports+=("$p"); urls+=("http://127.0.0.1:$p"); done
   local gw; gw=$(free_port)
-  "$bin/smg-sim" --ports "$(IFS=,; echo "${ports[*]}")" --model sim-model --cache-tokens 16384 --itl-ms 0.2 >/dev/null 2>&1 &
+  "$bin/smg-sim" --ports "$(IFS=,; echo "${ports[*]}")" --model sim-model --itl-ms 0.2 >/dev/null 2>&1 &
   local sim=$!
   sleep 0.5
   "$bin/smg" launch --host 127.0.0.1 --port "$gw" --policy "$1" --cores "$2" --worker-urls "${urls[@]}" >/dev/null 2>&1 &
   local smg=$!
-  for _ in $(seq 100); do curl -s "127.0.0.1:$gw/readiness" | grep -q '"healthy_workers":5' && break; sleep 0.1; done
+  for _ in $(seq 100); do curl -s "127.0.0.1:$gw/readiness" | grep -q '"healthy_workers":8' && break; sleep 0.1; done
   # Turns of one user come seconds apart in real use; pace them so digests can cross shards.
   printf '%-12s shards=%s  ' "$1" "$2"
   "$bin/smg-load" run --url "http://127.0.0.1:$gw" --scenario multi-turn-affinity --rate 40 \

@@ -173,3 +173,39 @@ fn manual_and_routing_key_override_pin_keys_across_shards() {
         }
     });
 }
+
+#[test]
+fn load_is_gateway_wide_across_shards() {
+    both_drivers(|legacy| {
+        let a = FakeWorker::start("m");
+        let b = FakeWorker::start("m");
+        b.state.healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (ua, ub) = (a.url(), b.url());
+        let gw = Gateway::start(legacy, &["--worker-urls", &ua, &ub, "--policy", "least_load", "--cores", "2"]);
+        gw.ready();
+        // One long stream on A, held by whichever shard accepted it.
+        let mut held = gw.connect();
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":5,"gap_ms":2000}"#;
+        std::io::Write::write_all(&mut held, post_bytes("/v1/chat/completions", body, &[]).as_bytes()).unwrap();
+        let mut raw = Vec::new();
+        fill(&mut held, &mut raw).unwrap();
+        assert!(String::from_utf8_lossy(&raw).contains(&ua), "the stream must be on A");
+        b.state.healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !get(gw.port, "/readiness").text().contains("\"healthy_workers\":2") {
+            assert!(std::time::Instant::now() < until, "B never came up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Loads cross shards every 100 ms.
+        std::thread::sleep(Duration::from_millis(300));
+        let short = chat(&[("user", "hi")]);
+        for i in 0..12 {
+            let who = routed(&post(gw.port, "/v1/chat/completions", &short, &[]));
+            assert_eq!(who, ub, "request {i} went to the worker already serving a stream");
+            // Reports are up to one 100 ms tick old: let the finished request's report land,
+            // or the other shard may briefly see B=1 and tie.
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        drop(held);
+    });
+}

@@ -130,14 +130,9 @@ fn route(
         rid: if cfg.routing_key_override { fields.as_ref().and_then(|f| f.rid.as_deref()) } else { None },
     };
     let chosen = {
-        let load = shard.load.borrow();
         let cands: Vec<Candidate<'_>> = list
             .iter()
-            .map(|w| Candidate {
-                url: &w.url.url,
-                load: load.get(w.id).copied().unwrap_or(0),
-                engine_load: w.engine_load,
-            })
+            .map(|w| Candidate { url: &w.url.url, load: shard.worker_load(w.id), engine_load: w.engine_load })
             .collect();
         shard.router.borrow_mut().pick_versioned(&input, &cands, snap.generation, Instant::now())
     };

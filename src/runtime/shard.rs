@@ -23,6 +23,8 @@ pub enum ShardMsg {
     Drain,
     /// A peer's recent cache-aware inserts, replayed into this shard's trees.
     Digest(Arc<Digest>),
+    /// A peer's in-flight requests per worker id, as of its last tick.
+    Loads { shard: usize, loads: Arc<[usize]> },
 }
 
 /// How often a shard hands its cache-aware inserts to its peers. A conversation's next turn
@@ -54,8 +56,14 @@ pub struct Shard {
     pub cfg: Arc<Config>,
     snapshot: RefCell<SnapshotCache>,
     pub pool: Pool,
-    /// In-flight requests per worker id on this shard (the policies' load signal).
-    pub load: RefCell<Vec<usize>>,
+    /// In-flight requests per worker id on this shard.
+    load: RefCell<Vec<usize>>,
+    /// Each peer shard's last reported in-flight counts (indexed by shard; this shard's own
+    /// slot stays empty). Routing sees own live counts plus these, at most one tick old: the
+    /// gateway's load without a shared counter between cores.
+    peer_loads: RefCell<Vec<Arc<[usize]>>>,
+    /// What this shard last reported, so an unchanged load is not sent again.
+    reported: RefCell<Arc<[usize]>>,
     pub router: RefCell<ShardRouter>,
     peers: Vec<flume::Sender<ShardMsg>>,
     rng: Cell<u64>,
@@ -85,6 +93,8 @@ impl Shard {
             pool: Pool::new(cfg.pool_idle_timeout),
             snapshot: RefCell::new(SnapshotCache { cache, local }),
             load: RefCell::new(Vec::new()),
+            peer_loads: RefCell::new(vec![Arc::from(Vec::new()); cfg.cores]),
+            reported: RefCell::new(Arc::from(Vec::new())),
             router: RefCell::new(ShardRouter::new(&cfg.routing, index, cfg.cores)),
             peers,
             rng: Cell::new(seed | 1),
@@ -115,6 +125,13 @@ impl Shard {
         x ^= x >> 27;
         self.rng.set(x);
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// The gateway's in-flight requests on `worker`: this shard's live count plus every
+    /// peer's last report.
+    pub fn worker_load(&self, worker: usize) -> usize {
+        let own = self.load.borrow().get(worker).copied().unwrap_or(0);
+        own + self.peer_loads.borrow().iter().map(|l| l.get(worker).copied().unwrap_or(0)).sum::<usize>()
     }
 
     pub fn add_load(&self, worker: usize, delta: isize) {
@@ -157,6 +174,11 @@ impl Shard {
                 },
                 msg = inbox.recv_async() => match msg {
                     Ok(ShardMsg::Digest(d)) => self.router.borrow_mut().apply_digest(&d),
+                    Ok(ShardMsg::Loads { shard, loads }) => {
+                        if let Some(slot) = self.peer_loads.borrow_mut().get_mut(shard) {
+                            *slot = loads;
+                        }
+                    }
                     Ok(ShardMsg::Drain) | Err(_) => break,
                 },
             }
@@ -173,11 +195,20 @@ impl Shard {
         drop(ticker);
     }
 
-    /// Sends this shard's recent cache-aware inserts to every peer. A full peer inbox drops
-    /// the digest for that peer: routing quality degrades a little, nothing blocks.
+    /// Sends this shard's recent cache-aware inserts, and its per-worker in-flight counts when
+    /// they changed, to every peer. A full peer inbox drops the message for that peer: routing
+    /// quality degrades a little, nothing blocks.
     fn share_digest(&self) {
         if self.peers.is_empty() {
             return;
+        }
+        let changed = **self.reported.borrow() != **self.load.borrow();
+        if changed {
+            let loads: Arc<[usize]> = Arc::from(self.load.borrow().as_slice());
+            for p in &self.peers {
+                let _ = p.try_send(ShardMsg::Loads { shard: self.index, loads: Arc::clone(&loads) });
+            }
+            *self.reported.borrow_mut() = loads;
         }
         let Some(d) = self.router.borrow_mut().take_digest() else { return };
         let d = Arc::new(d);
