@@ -31,8 +31,6 @@ pub struct RequestCtx {
     pub endpoint: Endpoint,
     pub request_id: Vec<u8>,
     pub model: Option<String>,
-    pub stream: bool,
-    pub worker: Option<usize>,
     pub started: Instant,
     pub close: bool,
 }
@@ -70,12 +68,11 @@ fn contract_endpoint(ep: Endpoint) -> Option<contract::Endpoint> {
     }
 }
 
-/// Phase: inspect, for endpoints without a modeled schema. Reads only `model` and `stream` (lazy gets: DESIGN.md measured them at
-/// ~0.2 µs when they come early in the body).
-fn inspect(body: &[u8]) -> (Option<String>, bool) {
-    let model = sonic_rs::get(body, &["model"]).ok().and_then(|v| v.as_str().map(str::to_owned));
-    let stream = sonic_rs::get(body, &["stream"]).ok().and_then(|v| v.as_bool()).unwrap_or(false);
-    (model, stream)
+/// Phase: inspect, for endpoints without a modeled schema. Reads only `model`, with a lazy get
+/// (DESIGN.md measured ~0.2 µs when it comes early in the body); the relay needs no `stream`
+/// flag because it forwards whatever framing the worker answers with.
+fn lazy_model(body: &[u8]) -> Option<String> {
+    sonic_rs::get(body, &["model"]).ok().and_then(|v| v.as_str().map(str::to_owned))
 }
 
 fn text_source(ep: Endpoint) -> Option<TextSource> {
@@ -227,8 +224,6 @@ pub async fn forward(
         endpoint,
         request_id: request_id(shard, head, &buf, endpoint),
         model: None,
-        stream: false,
-        worker: None,
         started: Instant::now(),
         close: head.close || shard.draining.get(),
     };
@@ -246,14 +241,13 @@ pub async fn forward(
                     crate::warn!("request {}: {w}", String::from_utf8_lossy(&ctx.request_id));
                 }
                 ctx.model = Some(ins.model);
-                ctx.stream = ins.stream;
                 // Splices on the original bytes; no edits means no copy.
                 (!ins.edits.is_empty()).then(|| contract::apply(received, &ins.edits))
             }
             Err(e) => return answer_invalid(client, &e, &ctx, buf).await,
         },
         None => {
-            (ctx.model, ctx.stream) = inspect(received);
+            ctx.model = lazy_model(received);
             None
         }
     };
@@ -272,7 +266,6 @@ pub async fn forward(
         Ok(v) => v,
         Err(e) => return answer_error(client, &e, &ctx, buf).await,
     };
-    ctx.worker = Some(worker_id);
     let worker = &snap.workers[worker_id];
     shard.add_load(worker_id, 1);
     let _load = LoadGuard { shard, worker: worker_id };

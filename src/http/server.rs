@@ -43,13 +43,6 @@ pub enum Finish {
     Close,
 }
 
-struct ConnGuard(Rc<Shard>);
-impl Drop for ConnGuard {
-    fn drop(&mut self) {
-        self.0.connections.set(self.0.connections.get() - 1);
-    }
-}
-
 /// Tracks a request between its head and the end of its response, for drain.
 pub struct InflightGuard(Rc<Shard>);
 impl InflightGuard {
@@ -66,8 +59,6 @@ impl Drop for InflightGuard {
 
 pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream) {
     nodelay(&stream);
-    shard.connections.set(shard.connections.get() + 1);
-    let _conn = ConnGuard(Rc::clone(&shard));
     let mut buf = Vec::with_capacity(READ_BUF);
     loop {
         // Phase: read_head.

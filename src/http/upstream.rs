@@ -77,10 +77,6 @@ impl Pool {
             list.drain(..keep_from);
         }
     }
-
-    pub fn idle_count(&self) -> usize {
-        self.idle.borrow().iter().map(Vec::len).sum()
-    }
 }
 
 /// How a worker's response body is delimited.

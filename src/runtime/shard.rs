@@ -69,8 +69,6 @@ pub struct Shard {
     rng: Cell<u64>,
     /// Requests between head and the end of their response; drain waits for zero.
     pub inflight: Cell<usize>,
-    /// Open client connections (tests read it through leak checks on the process).
-    pub connections: Cell<usize>,
     pub draining: Cell<bool>,
     pub events: flume::Sender<WorkerEvent>,
 }
@@ -99,7 +97,6 @@ impl Shard {
             peers,
             rng: Cell::new(seed | 1),
             inflight: Cell::new(0),
-            connections: Cell::new(0),
             draining: Cell::new(false),
             events,
             cfg,

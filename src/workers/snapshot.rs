@@ -65,11 +65,6 @@ impl Snapshot {
         Snapshot { generation, workers, by_model, models_body }
     }
 
-    /// True once any worker is routable (GET /readiness).
-    pub fn ready(&self) -> bool {
-        self.workers.iter().any(|w| w.healthy)
-    }
-
     /// Healthy workers for `model`; with no model, every healthy worker.
     pub fn candidates(&self, model: Option<&str>) -> Candidates<'_> {
         match model {
