@@ -51,12 +51,14 @@ fn timestamp() -> String {
 pub fn write(level: LogLevel, args: std::fmt::Arguments<'_>) {
     let msg = args.to_string();
     let line = if JSON.load(Ordering::Relaxed) {
-        let m = sonic_rs::to_string(&msg).unwrap_or_default();
-        format!("{{\"ts\":\"{}\",\"level\":\"{}\",\"msg\":{}}}\n", timestamp(), name(level), m)
+        let mut line = format!("{{\"ts\":\"{}\",\"level\":\"{}\",\"msg\":", timestamp(), name(level)).into_bytes();
+        smg_wire::json::put_str(&mut line, &msg);
+        line.extend_from_slice(b"}\n");
+        line
     } else {
-        format!("{} {:5} {}\n", timestamp(), name(level), msg)
+        format!("{} {:5} {}\n", timestamp(), name(level), msg).into_bytes()
     };
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    let _ = std::io::stderr().lock().write_all(&line);
 }
 
 #[macro_export]

@@ -61,16 +61,17 @@ impl ApiError {
         Self::new(504, "upstream_timeout", format!("Worker {worker} sent no response within --request-timeout-secs"))
     }
 
-    /// The JSON envelope. Strings go through sonic-rs so any model name is escaped.
+    /// The JSON envelope; the message is escaped, since it may quote a client's model name.
     pub fn envelope(&self) -> Vec<u8> {
-        let msg = sonic_rs::to_string(&self.message).unwrap_or_else(|_| "\"\"".into());
-        format!(
-            "{{\"error\":{{\"type\":\"{}\",\"code\":\"{}\",\"message\":{},\"param\":null}}}}",
-            reason(self.status),
-            self.code,
-            msg
-        )
-        .into_bytes()
+        let mut out = Vec::with_capacity(96 + self.message.len());
+        out.extend_from_slice(b"{\"error\":{\"type\":\"");
+        out.extend_from_slice(reason(self.status).as_bytes());
+        out.extend_from_slice(b"\",\"code\":\"");
+        out.extend_from_slice(self.code.as_bytes());
+        out.extend_from_slice(b"\",\"message\":");
+        smg_wire::json::put_str(&mut out, &self.message);
+        out.extend_from_slice(b",\"param\":null}}");
+        out
     }
 
     /// Appends the full HTTP response (envelope + `x-smg-error-code`) to `out`.

@@ -31,7 +31,7 @@ impl ContractError {
     pub fn body(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.message().len() + 96);
         out.extend_from_slice(b"{\"error\":{\"message\":");
-        write_json_string(&mut out, self.message());
+        smg_wire::json::put_str(&mut out, self.message());
         out.extend_from_slice(b",\"type\":\"invalid_request_error\",\"code\":");
         match self {
             ContractError::JsonParse(_) => out.extend_from_slice(b"\"json_parse_error\""),
@@ -65,25 +65,3 @@ impl fmt::Display for ContractError {
 }
 
 impl std::error::Error for ContractError {}
-
-/// Append `s` as a JSON string literal (quotes, backslashes and control bytes escaped).
-pub fn write_json_string(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    for &b in s.as_bytes() {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0..=0x1f => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(b >> 4) as usize]);
-                out.push(HEX[(b & 15) as usize]);
-            }
-            _ => out.push(b),
-        }
-    }
-    out.push(b'"');
-}

@@ -4,8 +4,8 @@
 //! "replace `body[start..end]` with `text`", so key order, whitespace and number spellings of
 //! everything untouched survive byte for byte, and a body with no splices is forwarded as is.
 
-use super::error::write_json_string;
 use super::json::{Doc, Kind};
+use smg_wire::json::put_str as write_json_string;
 
 /// Replace `body[start..end]` with `text`. Lists are sorted by `start` and never overlap.
 #[derive(Debug, Clone, PartialEq, Eq)]

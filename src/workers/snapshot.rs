@@ -92,16 +92,17 @@ impl Snapshot {
 }
 
 fn render_models(models: &[&str]) -> Vec<u8> {
-    let mut out = String::from("{\"object\":\"list\",\"data\":[");
+    let mut out = b"{\"object\":\"list\",\"data\":[".to_vec();
     for (i, m) in models.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        let id = sonic_rs::to_string(m).unwrap_or_default();
-        out.push_str(&format!("{{\"id\":{id},\"object\":\"model\",\"created\":0,\"owned_by\":\"self_hosted\"}}"));
+        out.extend_from_slice(b"{\"id\":");
+        smg_wire::json::put_str(&mut out, m);
+        out.extend_from_slice(b",\"object\":\"model\",\"created\":0,\"owned_by\":\"self_hosted\"}");
     }
-    out.push_str("]}");
-    out.into_bytes()
+    out.extend_from_slice(b"]}");
+    out
 }
 
 #[cfg(test)]

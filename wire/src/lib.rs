@@ -1,8 +1,9 @@
-//! HTTP/1.1 framing that httparse leaves out, shared by the gateway (`smg`) and the tools in
-//! `loadtest/` so both sides of every benchmark speak from one implementation: the chunked
-//! transfer coding and the few header values both interpret.
+//! Wire encodings shared by the gateway (`smg`) and the tools in `loadtest/`, so both sides of
+//! every benchmark speak from one implementation: the chunked transfer coding and the header
+//! values httparse leaves to us, and JSON string literals.
 
 pub mod chunked;
 pub mod header;
+pub mod json;
 
 pub use chunked::{ChunkError, ChunkedDecoder};

@@ -63,26 +63,8 @@ pub fn put_response(out: &mut Vec<u8>, status: u16, content_type: &str, body: &[
     out.extend_from_slice(body);
 }
 
-/// Appends `s` as a quoted JSON string.
-pub fn put_json_str(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    for &b in s.as_bytes() {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0..=0x1f => {
-                out.extend_from_slice(b"\\u00");
-                crate::wire::put_hex(out, (b >> 4) as usize);
-                crate::wire::put_hex(out, (b & 15) as usize);
-            }
-            _ => out.push(b),
-        }
-    }
-    out.push(b'"');
-}
+/// JSON string literals come from the shared `smg-wire` crate (the gateway uses the same).
+pub use smg_wire::json::put_str as put_json_str;
 
 /// An OpenAI-style error body.
 pub fn put_error_body(out: &mut Vec<u8>, status: u16, message: &str) {
