@@ -3,11 +3,11 @@
 //! The body is never re-serialized: a Content-Length body goes to the worker straight from
 //! the connection buffer in one `writev` with the head we build.
 
-use std::io::Write;
 use std::rc::Rc;
 use std::time::Instant;
 
 use monoio::net::TcpStream;
+use smg_wire::num::{put_dec, put_hex_width};
 use sonic_rs::JsonValueTrait;
 
 use super::{ApiError, Endpoint};
@@ -56,7 +56,8 @@ fn request_id(shard: &Shard, head: &RequestHead, buf: &[u8], ep: Endpoint) -> Ve
     }
     let mut id = Vec::with_capacity(40);
     id.extend_from_slice(ep.id_prefix().as_bytes());
-    let _ = write!(id, "{:016x}{:08x}", shard.next_random(), shard.next_random() as u32);
+    put_hex_width(&mut id, shard.next_random(), 16);
+    put_hex_width(&mut id, shard.next_random(), 8);
     id
 }
 
@@ -144,7 +145,9 @@ fn upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], authority: &
     out.extend_from_slice(&buf[head.target.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(authority.as_bytes());
-    let _ = write!(out, "\r\ncontent-type: application/json\r\ncontent-length: {body_len}\r\n");
+    out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+    put_dec(out, body_len as u64);
+    out.extend_from_slice(b"\r\n");
     for h in &head.forward {
         out.extend_from_slice(&buf[h.name.clone()]);
         out.extend_from_slice(b": ");
@@ -156,7 +159,9 @@ fn upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], authority: &
 
 fn client_head(out: &mut Vec<u8>, up: &[u8], h: &ResponseHead, worker_url: &str, ctx: &RequestCtx) {
     let phrase = &up[h.reason.clone()];
-    let _ = write!(out, "HTTP/1.1 {} ", h.status);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    put_dec(out, h.status as u64);
+    out.push(b' ');
     if phrase.is_empty() {
         out.extend_from_slice(reason(h.status).as_bytes());
     } else {
@@ -171,7 +176,9 @@ fn client_head(out: &mut Vec<u8>, up: &[u8], h: &ResponseHead, worker_url: &str,
     }
     match h.body {
         ResponseBody::Length { len } => {
-            let _ = write!(out, "content-length: {len}\r\n");
+            out.extend_from_slice(b"content-length: ");
+            put_dec(out, len);
+            out.extend_from_slice(b"\r\n");
         }
         ResponseBody::Chunked | ResponseBody::Close => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         ResponseBody::None if h.status != 204 && h.status != 304 => out.extend_from_slice(b"content-length: 0\r\n"),
@@ -315,21 +322,20 @@ pub async fn forward(
             )
             .await;
         }
-        let timed = monoio::time::timeout(shard.cfg.request_timeout, read_head(&mut conn, client, &mut watch)).await;
-        match timed {
-            Ok(Ok(h)) => break (conn, h),
-            Ok(Err(HeadError::NothingReceived(_))) if conn.reused && attempt == 1 => continue,
-            Ok(Err(HeadError::NothingReceived(e))) => {
+        match read_head(&mut conn, client, &mut watch, shard.cfg.request_timeout).await {
+            Ok(h) => break (conn, h),
+            Err(HeadError::NothingReceived(_)) if conn.reused && attempt == 1 => continue,
+            Err(HeadError::NothingReceived(e)) => {
                 let back = restore(holder, aside);
                 let err = ApiError::upstream_failed(&worker.url.url, &format!("closed before responding: {e}"));
                 return answer_error(client, &err, &ctx, back).await;
             }
-            Ok(Err(HeadError::Bad(why))) => {
+            Err(HeadError::Bad(why)) => {
                 let back = restore(holder, aside);
                 return answer_error(client, &ApiError::upstream_failed(&worker.url.url, why), &ctx, back).await;
             }
-            Ok(Err(HeadError::ClientGone)) => return (Finish::Close, restore(holder, aside)),
-            Err(_) => {
+            Err(HeadError::ClientGone) => return (Finish::Close, restore(holder, aside)),
+            Err(HeadError::TimedOut) => {
                 let back = restore(holder, aside);
                 return answer_error(client, &ApiError::upstream_timeout(&worker.url.url), &ctx, back).await;
             }

@@ -77,10 +77,51 @@ pub enum HeadError {
     NothingReceived(io::Error),
     /// The worker sent something unusable or stopped mid-head.
     Bad(&'static str),
+    /// No head within the request timeout.
+    TimedOut,
 }
 
-/// Reads until a final (non-1xx) response head is in `up.buf`.
-pub async fn read_head(up: &mut UpstreamConn, client: &TcpStream, watch: &mut bool) -> Result<ResponseHead, HeadError> {
+/// Reads until a final (non-1xx) response head is in `up.buf`, for at most `limit`.
+///
+/// Most heads arrive within [`WATCH_AFTER`], so the fast path arms one timer; only a
+/// silent worker gets the client watch and the request-timeout timer.
+pub async fn read_head(
+    up: &mut UpstreamConn,
+    client: &TcpStream,
+    watch: &mut bool,
+    limit: Duration,
+) -> Result<ResponseHead, HeadError> {
+    let mut head = pin!(read_head_unwatched(up));
+    monoio::select! {
+        biased;
+        r = &mut head => return r,
+        _ = monoio::time::sleep(WATCH_AFTER) => {}
+    }
+    let mut expired = pin!(monoio::time::sleep(limit.saturating_sub(WATCH_AFTER)));
+    loop {
+        if !*watch {
+            monoio::select! {
+                biased;
+                r = &mut head => return r,
+                _ = &mut expired => return Err(HeadError::TimedOut),
+            }
+        }
+        monoio::select! {
+            biased;
+            r = &mut head => return r,
+            _ = &mut expired => return Err(HeadError::TimedOut),
+            closed = peer_closed(client) => {
+                if closed {
+                    return Err(HeadError::ClientGone);
+                }
+                // The client pipelined its next request; stop watching, keep waiting.
+                *watch = false;
+            }
+        }
+    }
+}
+
+async fn read_head_unwatched(up: &mut UpstreamConn) -> Result<ResponseHead, HeadError> {
     let mut received = false;
     loop {
         if !up.buf.is_empty() {
@@ -94,12 +135,13 @@ pub async fn read_head(up: &mut UpstreamConn, client: &TcpStream, watch: &mut bo
                 Err(e) => return Err(HeadError::Bad(e.0)),
             }
         }
-        match read_watching(up, client, watch).await {
-            Read::Data(_) => received = true,
-            Read::ClientGone => return Err(HeadError::ClientGone),
-            Read::Eof if !received => return Err(HeadError::NothingReceived(io::ErrorKind::UnexpectedEof.into())),
-            Read::Err(e) if !received => return Err(HeadError::NothingReceived(e)),
-            Read::Eof | Read::Err(_) => return Err(HeadError::Bad("connection closed mid-head")),
+        let (res, buf) = read_more(&mut up.stream, std::mem::take(&mut up.buf), UPSTREAM_BUF / 2).await;
+        up.buf = buf;
+        match res {
+            Ok(n) if n > 0 => received = true,
+            Ok(_) if !received => return Err(HeadError::NothingReceived(io::ErrorKind::UnexpectedEof.into())),
+            Err(e) if !received => return Err(HeadError::NothingReceived(e)),
+            _ => return Err(HeadError::Bad("connection closed mid-head")),
         }
     }
 }
@@ -223,8 +265,8 @@ pub async fn relay_body(
 
 fn frame_chunk(out: &mut Vec<u8>, data: &[u8]) {
     if !data.is_empty() {
-        use std::io::Write;
-        let _ = write!(out, "{:x}\r\n", data.len());
+        smg_wire::num::put_hex(out, data.len() as u64);
+        out.extend_from_slice(b"\r\n");
         out.extend_from_slice(data);
         out.extend_from_slice(b"\r\n");
     }

@@ -5,5 +5,6 @@
 pub mod chunked;
 pub mod header;
 pub mod json;
+pub mod num;
 
 pub use chunked::{ChunkError, ChunkedDecoder};

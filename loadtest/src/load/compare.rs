@@ -26,10 +26,12 @@ pub struct CompareArgs {
     /// Scenario file or name.
     #[arg(long, default_value = "chat-1k")]
     pub scenario: String,
-    /// Targets in run order: direct, smg, nginx, smg-python.
+    /// Targets: direct, smg, smg-base, nginx, smg-python. Each round runs them all, starting
+    /// one further along the list than the round before.
     #[arg(long, default_value = "direct,smg,nginx,smg-python")]
     pub targets: String,
-    /// Rounds; each round runs every target once, in order.
+    /// Rounds; each round runs every target once (use a multiple of the target count so each
+    /// target leads equally often).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Measured time per target per round.
@@ -56,6 +58,10 @@ pub struct CompareArgs {
     /// Gateway binary (default: $SMG_BIN, else target/release/smg of this workspace).
     #[arg(long)]
     pub gateway_bin: Option<PathBuf>,
+    /// A second gateway build for the `smg-base` target, to A/B a change against (e.g. the
+    /// previous commit's binary) in the same interleaved rounds.
+    #[arg(long)]
+    pub base_bin: Option<PathBuf>,
     /// nginx binary (default: nginx on PATH or /usr/sbin/nginx).
     #[arg(long)]
     pub nginx_bin: Option<PathBuf>,
@@ -328,6 +334,7 @@ fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Targe
                 });
                 (Kind::Smg, "smg", bin.filter(|b| b.is_file()))
             }
+            "smg-base" => (Kind::Smg, "smg-base", args.base_bin.clone().filter(|b| b.is_file())),
             "nginx" => {
                 let bin = args
                     .nginx_bin
@@ -340,7 +347,7 @@ fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Targe
                 let bin = args.smg_python_bin.clone().or_else(|| on_path("smg"));
                 (Kind::SmgPython, "smg-python", bin.filter(|b| b.is_file() && is_python_script(b)))
             }
-            other => return Err(format!("unknown target {other:?} (direct, smg, nginx, smg-python)")),
+            other => return Err(format!("unknown target {other:?} (direct, smg, smg-base, nginx, smg-python)")),
         };
         if kind != Kind::Direct && bin.is_none() {
             notes.push(format!("{name}: skipped (not installed; see --help for how to point at it)"));
@@ -369,7 +376,12 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     };
     let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds.max(1) {
-        for (i, t) in targets.iter().enumerate() {
+        // The start position rotates each round: on this box whichever target runs first in
+        // a round measured ~6% more CPU per request (an A/A run of one binary under two
+        // names showed it), so a fixed order would bias every ratio.
+        for k in 0..targets.len() {
+            let i = (k + round) % targets.len();
+            let t = &targets[i];
             let (proc_, port) = match start_target(t, args, &sim_ports, &req_for) {
                 Ok(x) => x,
                 Err(e) => {

@@ -81,6 +81,10 @@ pub struct SimArgs {
     /// Prefix cache block size in tokens (only whole blocks are cached, as in paged KV caches).
     #[arg(long, default_value_t = 16)]
     pub block_tokens: usize,
+    /// Write every stream event with its own write even when no ITL separates them, as an
+    /// engine flushing each token does; without it back-to-back events leave in one write.
+    #[arg(long)]
+    pub write_each_event: bool,
     /// Prompt bytes per token when counting tokens (the simulator has no tokenizer).
     #[arg(long, default_value_t = 4)]
     pub bytes_per_token: usize,
@@ -129,6 +133,7 @@ pub struct Timing {
     pub itl_batch_factor: f64,
     pub output_tokens: u32,
     pub max_output_tokens: u32,
+    pub write_each_event: bool,
 }
 
 /// Fault knobs of one worker.
@@ -196,6 +201,7 @@ impl SimArgs {
             itl_batch_factor: self.itl_batch_factor.max(0.0),
             output_tokens: self.output_tokens.max(1),
             max_output_tokens: self.max_output_tokens.max(1),
+            write_each_event: self.write_each_event,
         };
         let faults = FaultPlan {
             fail_rate: self.fail_rate,

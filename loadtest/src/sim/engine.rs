@@ -138,6 +138,7 @@ async fn stream_response(
     keep_alive: bool,
 ) -> io::Result<bool> {
     let n = job.output_tokens;
+    let each = w.timing.get().write_each_event;
     let cut_after = job.truncate.map(|after| after.unwrap_or(n / 2).min(n));
     put_head(
         &mut s.out,
@@ -156,6 +157,10 @@ async fn stream_response(
         // The role delta goes out at admission, as engines send it before the first token.
         gen.put_role_event(&mut s.events, &s.prefix);
     }
+    if each {
+        flush_events(&mut s.out, &mut s.events);
+        write_out(stream, &mut s.out).await?;
+    }
     for k in 0..n {
         if cut_after == Some(k) {
             bump(&w.stats.truncated, 1);
@@ -171,6 +176,10 @@ async fn stream_response(
             monoio::time::sleep_until(due).await;
         }
         gen.put_token_event(&mut s.events, &s.prefix, k + 1);
+        if each {
+            flush_events(&mut s.out, &mut s.events);
+            write_out(stream, &mut s.out).await?;
+        }
     }
     bump(&w.stats.output_tokens, n as u64);
     if cut_after == Some(n) {

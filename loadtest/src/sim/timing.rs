@@ -66,6 +66,7 @@ mod tests {
             prefill_ns_per_token: 1_000,
             itl_batch_factor: 1.0,
             output_tokens: 16,
+            write_each_event: false,
             max_output_tokens: 100,
         }
     }
