@@ -115,11 +115,20 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, FastBuild>;
 
 /// The consistent-hash ring over one candidate list: `VIRTUAL_NODES` points per worker, placed
 /// by a hash of the worker's URL and the point's number, so it depends only on the set of URLs.
+///
+/// A lookup does not binary-search the points: `index` splits the hash space into as many
+/// equal buckets as there are points (rounded up to a power of two) and stores, per bucket,
+/// the first point at or after its start. Keys and points are uniform hashes, so a lookup
+/// reads one index slot and scans about one point: the same cost at 2 and at 1,000 workers,
+/// where a binary search over 150,000 points takes 17 dependent cache misses.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HashRing {
     /// (point, candidate index), sorted.
     points: Vec<(u64, u32)>,
     workers: usize,
+    /// Per bucket (the top `64 - shift` bits of a key), the first point at or after its start.
+    index: Vec<u32>,
+    shift: u32,
 }
 
 // === impl HashRing ===
@@ -135,12 +144,29 @@ impl HashRing {
         }
         // Ties between points (vanishingly rare) resolve by URL hash so order never matters.
         points.sort_unstable_by_key(|&(p, i)| (p, url_hashes[i as usize]));
-        HashRing { points, workers: url_hashes.len() }
+        let bits = points.len().next_power_of_two().trailing_zeros().max(1);
+        let shift = 64 - bits;
+        let mut index = Vec::with_capacity(1 << bits);
+        let mut next = 0usize;
+        for b in 0..(1u64 << bits) {
+            let start = b << shift;
+            while next < points.len() && points[next].0 < start {
+                next += 1;
+            }
+            index.push(next as u32);
+        }
+        HashRing { points, workers: url_hashes.len(), index, shift }
     }
 
     /// The ring position of a key hash: the first point at or after it, wrapping.
     fn position(&self, key: u64) -> usize {
-        let pos = self.points.partition_point(|&(p, _)| p < key);
+        let Some(&first) = self.index.get((key >> self.shift) as usize) else {
+            return 0;
+        };
+        let mut pos = first as usize;
+        while pos < self.points.len() && self.points[pos].0 < key {
+            pos += 1;
+        }
         if pos == self.points.len() {
             0
         } else {
@@ -192,6 +218,31 @@ impl Iterator for RingWalk<'_> {
                     self.seen.push(idx);
                     return Some(idx as usize);
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bucket index must find exactly what a binary search over the points finds.
+    #[test]
+    fn indexed_position_matches_binary_search() {
+        for workers in [0usize, 1, 2, 3, 10, 100, 1000] {
+            let urls: Vec<u64> = (0..workers as u64).map(|i| mix(0x5eed, i)).collect();
+            let ring = HashRing::build(&urls);
+            let mut probes: Vec<u64> = (0..20_000u64).map(|i| mix(i, 0xabc)).collect();
+            // Exact points, their neighbours, and the ends of the hash space.
+            for &(p, _) in ring.points.iter().step_by(37) {
+                probes.extend([p, p.wrapping_sub(1), p.wrapping_add(1)]);
+            }
+            probes.extend([0, 1, u64::MAX, u64::MAX - 1, 1 << 63]);
+            for key in probes {
+                let searched = ring.points.partition_point(|&(p, _)| p < key);
+                let expect = if searched == ring.points.len() { 0 } else { searched };
+                assert_eq!(ring.position(key), expect, "workers {workers} key {key:#x}");
             }
         }
     }

@@ -1,7 +1,7 @@
 //! `prefix_hash`: hash the prompt's head (`--prefix-token-count` tokens, or 4× as many bytes of
 //! untokenized text) onto the ring, then walk clockwise past overloaded workers.
 //!
-//! Lighter than `cache_aware` (no tree, O(log n) lookup) and coherent across shards for free:
+//! Lighter than `cache_aware` (no tree, an O(1) ring lookup) and coherent across shards for free:
 //! the ring and the hash are the same everywhere. A worker is overloaded when its in-flight
 //! load exceeds both `mean × --prefix-hash-load-factor` and `mean +
 //! --prefix-hash-balance-abs-threshold` (mean counting this request); when every worker is,
@@ -48,7 +48,7 @@ pub(crate) fn pick(
     };
     // The mean (an O(workers) sum) is needed only for a worker above the absolute threshold:
     // at or below it, `load > mean + threshold` cannot hold. So a quiet ring decides in
-    // O(log n), flat from 2 to 1,000 workers, and the sum is paid only under real load.
+    // O(1), flat from 2 to 1,000 workers, and the sum is paid only under real load.
     let mut mean: Option<f32> = None;
     let mut overloaded = |load: usize| {
         if load <= cfg.prefix_hash_balance_abs_threshold {
