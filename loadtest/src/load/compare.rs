@@ -83,6 +83,8 @@ pub struct Row {
     pub p99_ms: f64,
     /// CPU µs per request of the system under test (None for direct).
     pub cpu_us_per_request: Option<f64>,
+    /// The system (kernel) part of it: what no user-space change can remove.
+    pub system_us_per_request: Option<f64>,
     pub errors: u64,
     pub rps_vs_direct: Option<f64>,
     pub p50_vs_direct: Option<f64>,
@@ -432,6 +434,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             p99_ms: median(r.iter().map(|x| x.latency_ms.as_ref().map_or(0.0, |p| p.p99)).collect()),
             cpu_us_per_request: (t.kind != Kind::Direct)
                 .then(|| median(r.iter().filter_map(|x| x.target_cpu.first().map(|c| c.cpu_us_per_request)).collect())),
+            system_us_per_request: (t.kind != Kind::Direct).then(|| {
+                median(r.iter().filter_map(|x| x.target_cpu.first().map(|c| c.system_us_per_request)).collect())
+            }),
             errors: r.iter().map(|x| x.errors).sum(),
             rps_vs_direct: None,
             p50_vs_direct: None,
@@ -454,18 +459,28 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             scenario.name, args.concurrency, args.rounds, args.duration, args.sut_core, args.load_core
         );
         println!(
-            "{:<11} {:>10} {:>9} {:>9} {:>12} {:>10} {:>10} {:>10} {:>7}",
-            "target", "req/s", "p50 ms", "p99 ms", "cpu µs/req", "rps/direct", "p50/direct", "p99/direct", "errors"
+            "{:<11} {:>10} {:>9} {:>9} {:>12} {:>12} {:>10} {:>10} {:>10} {:>7}",
+            "target",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "cpu µs/req",
+            "sys µs/req",
+            "rps/direct",
+            "p50/direct",
+            "p99/direct",
+            "errors"
         );
         let f = |v: Option<f64>, prec: usize| v.map_or_else(|| "-".to_string(), |x| format!("{x:.prec$}"));
         for r in &rows {
             println!(
-                "{:<11} {:>10.0} {:>9.3} {:>9.3} {:>12} {:>10} {:>10} {:>10} {:>7}",
+                "{:<11} {:>10.0} {:>9.3} {:>9.3} {:>12} {:>12} {:>10} {:>10} {:>10} {:>7}",
                 r.target,
                 r.rps,
                 r.p50_ms,
                 r.p99_ms,
                 f(r.cpu_us_per_request, 2),
+                f(r.system_us_per_request, 2),
                 f(r.rps_vs_direct, 2),
                 f(r.p50_vs_direct, 2),
                 f(r.p99_vs_direct, 2),

@@ -13,21 +13,39 @@ pub fn ticks_per_second() -> u64 {
     }
 }
 
-/// (ppid, utime + stime in ticks) of one process. The comm field may contain spaces and
+/// CPU ticks split as the kernel accounts them: in the process (user) and in the kernel on
+/// its behalf (system: syscalls, and on loopback the peer's TCP receive work too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ticks {
+    pub user: u64,
+    pub system: u64,
+}
+
+impl Ticks {
+    pub fn total(self) -> u64 {
+        self.user + self.system
+    }
+
+    pub fn since(self, before: Ticks) -> Ticks {
+        Ticks { user: self.user.saturating_sub(before.user), system: self.system.saturating_sub(before.system) }
+    }
+}
+
+/// (ppid, utime and stime in ticks) of one process. The comm field may contain spaces and
 /// parentheses, so fields are counted from the last ')'.
-fn stat_of(pid: u32) -> Option<(u32, u64)> {
+fn stat_of(pid: u32) -> Option<(u32, Ticks)> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &s[s.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After ')': state(0) ppid(1) ... utime(11) stime(12).
     let ppid = f.get(1)?.parse().ok()?;
-    let utime: u64 = f.get(11)?.parse().ok()?;
-    let stime: u64 = f.get(12)?.parse().ok()?;
-    Some((ppid, utime + stime))
+    let user: u64 = f.get(11)?.parse().ok()?;
+    let system: u64 = f.get(12)?.parse().ok()?;
+    Some((ppid, Ticks { user, system }))
 }
 
 /// CPU ticks used so far by `pid` and every live descendant (nginx workers, Python children).
-pub fn tree_ticks(pid: u32) -> Option<u64> {
+pub fn tree_ticks(pid: u32) -> Option<Ticks> {
     let (_, own) = stat_of(pid)?;
     let mut procs = Vec::new();
     if let Ok(dir) = fs::read_dir("/proc") {
@@ -44,7 +62,8 @@ pub fn tree_ticks(pid: u32) -> Option<u64> {
     while let Some(parent) = frontier.pop() {
         for &(p, ppid, t) in &procs {
             if ppid == parent && p != pid {
-                total += t;
+                total.user += t.user;
+                total.system += t.system;
                 frontier.push(p);
             }
         }
@@ -72,7 +91,8 @@ mod tests {
         }
         assert!(x != 1);
         let after = tree_ticks(me).unwrap();
-        assert!(after >= before);
+        assert!(after.total() >= before.total());
+        assert_eq!(after.since(before).total(), after.total() - before.total());
         assert!(ticks_per_second() > 0);
         assert!(tree_ticks(u32::MAX).is_none());
     }

@@ -155,6 +155,9 @@ pub struct CpuUse {
     pub pid: u32,
     pub cpu_ms: f64,
     pub cpu_us_per_request: f64,
+    /// The same split into user and system (kernel) time.
+    pub user_us_per_request: f64,
+    pub system_us_per_request: f64,
     /// Share of one core over the window, in percent.
     pub cpu_percent: f64,
 }
@@ -280,8 +283,8 @@ impl Report {
         for c in &self.target_cpu {
             let _ = writeln!(
                 o,
-                "target pid {}  cpu {:.0} ms  {:.2} µs/request  {:.1}% of a core",
-                c.pid, c.cpu_ms, c.cpu_us_per_request, c.cpu_percent
+                "target pid {}  cpu {:.0} ms  {:.2} µs/request (user {:.2}, system {:.2})  {:.1}% of a core",
+                c.pid, c.cpu_ms, c.cpu_us_per_request, c.user_us_per_request, c.system_us_per_request, c.cpu_percent
             );
         }
         let _ = writeln!(o, "connections opened {}", self.connections_opened);

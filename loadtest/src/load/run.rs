@@ -176,7 +176,7 @@ impl RunArgs {
 /// Runs the plan on its threads and builds the report.
 pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
     let progress = Arc::new(Progress::default());
-    let cpu_before: Vec<Option<u64>> = plan.target_pids.iter().map(|&p| cpu::tree_ticks(p)).collect();
+    let cpu_before: Vec<Option<cpu::Ticks>> = plan.target_pids.iter().map(|&p| cpu::tree_ticks(p)).collect();
     let wall = Instant::now();
     let mut joins = Vec::new();
     for t in 0..plan.threads {
@@ -257,13 +257,16 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
         .iter()
         .zip(cpu_before)
         .filter_map(|(&pid, before)| {
-            let used = cpu::tree_ticks(pid)?.saturating_sub(before?);
-            let us = cpu::ticks_to_us(used);
+            let used = cpu::tree_ticks(pid)?.since(before?);
+            let us = cpu::ticks_to_us(used.total());
+            // All requests, warm-up included: the CPU window spans the whole run.
+            let per_request = |ticks: u64| cpu::ticks_to_us(ticks) / all_requests as f64;
             Some(CpuUse {
                 pid,
                 cpu_ms: us / 1000.0,
-                // All requests, warm-up included: the CPU window spans the whole run.
-                cpu_us_per_request: us / all_requests as f64,
+                cpu_us_per_request: per_request(used.total()),
+                user_us_per_request: per_request(used.user),
+                system_us_per_request: per_request(used.system),
                 cpu_percent: us / (wall_secs * 1e6) * 100.0,
             })
         })
