@@ -500,6 +500,58 @@ fn client_abort_mid_stream_closes_upstream_quickly() {
     });
 }
 
+/// Gaps over 20 ms put the relay into its watched mode (one client watch across reads,
+/// direct sends): the stream must still arrive whole, a request pipelined mid-stream must
+/// be answered after it, and a client leaving must close the worker's socket at once.
+#[test]
+fn slow_stream_is_relayed_whole_and_still_watched() {
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let gw = gw_with(legacy, &w, &[]);
+        let slow = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":6,"gap_ms":60}"#;
+
+        let mut s = gw.connect();
+        s.write_all(post_bytes("/v1/chat/completions", slow, &[]).as_bytes()).unwrap();
+        let mut raw = Vec::new();
+        while !raw.windows(8).any(|x| x == b"\"i\":3}\n\n") {
+            fill(&mut s, &mut raw).unwrap();
+        }
+        let next = r#"{"model":"m","prompt":"after the stream"}"#;
+        s.write_all(post_bytes("/v1/completions", next, &[]).as_bytes()).unwrap();
+        let r = read_response(&mut s, &mut raw, false).unwrap();
+        assert!(r.complete);
+        let text = r.text();
+        for i in 0..6 {
+            assert!(text.contains(&format!("data: {{\"i\":{i}}}\n\n")), "{text}");
+        }
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        let r2 = read_response(&mut s, &mut raw, false).unwrap();
+        assert_eq!(r2.status, 200);
+        assert_eq!(r2.json()["sha"].as_str().unwrap(), sha_hex(next.as_bytes()));
+
+        let long = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":100,"gap_ms":60}"#;
+        let mut s = gw.connect();
+        s.write_all(post_bytes("/v1/chat/completions", long, &[]).as_bytes()).unwrap();
+        let mut raw = Vec::new();
+        while !raw.windows(8).any(|x| x == b"\"i\":3}\n\n") {
+            fill(&mut s, &mut raw).unwrap();
+        }
+        let closes_before = w.state.closed_at.lock().unwrap().len();
+        let t0 = Instant::now();
+        drop(s);
+        let until = t0 + Duration::from_secs(3);
+        let closed = loop {
+            if w.state.closed_at.lock().unwrap().len() > closes_before {
+                break *w.state.closed_at.lock().unwrap().last().unwrap();
+            }
+            assert!(Instant::now() < until, "gateway never closed the upstream connection");
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let took = closed.saturating_duration_since(t0);
+        assert!(took < Duration::from_millis(100), "upstream closed after {took:?}");
+    });
+}
+
 #[test]
 fn upstream_dying_mid_stream_ends_the_client_response() {
     both_drivers(|legacy| {
