@@ -128,14 +128,19 @@ fn route(
         rid: if cfg.routing_key_override { fields.as_ref().and_then(|f| f.rid.as_deref()) } else { None },
     };
     let chosen = {
+        let loads = shard.worker_loads();
         let cands: Vec<Candidate<'_>> = list
             .iter()
-            .map(|w| Candidate { url: &w.url.url, load: shard.worker_load(w.id), engine_load: w.engine_load })
+            .map(|&id| {
+                let w = &snap.workers[id];
+                Candidate { url: &w.url.url, load: loads.get(id).copied().unwrap_or(0), engine_load: w.engine_load }
+            })
             .collect();
+        drop(loads);
         shard.router.borrow_mut().pick_versioned(&input, &cands, snap.generation, Instant::now())
     };
     match chosen {
-        Ok(i) => Ok((list[i].id, snap.clone())),
+        Ok(i) => Ok((list[i], snap.clone())),
         Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(ctx.model.as_deref())),
     }
 }

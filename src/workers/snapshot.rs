@@ -29,8 +29,11 @@ pub struct Snapshot {
     /// Bumped on every publish; routing uses it to skip re-fingerprinting worker lists.
     pub generation: u64,
     pub workers: Vec<Worker>,
-    /// Model id → ids of the workers that serve it, healthy or not, in registration order.
-    by_model: HashMap<String, Vec<usize>>,
+    /// Model id → ids of its healthy workers in registration order (a model whose workers
+    /// are all down keeps an empty list), and every healthy worker: computed once per
+    /// publish so a request neither filters nor allocates them.
+    healthy_by_model: HashMap<String, Vec<usize>>,
+    healthy: Vec<usize>,
     /// Pre-rendered GET /v1/models body; None when no worker serves any model.
     pub models_body: Option<Vec<u8>>,
 }
@@ -40,7 +43,8 @@ pub enum Candidates<'a> {
     UnknownModel,
     /// Workers serve it, but none is healthy now.
     AllDown,
-    Healthy(Vec<&'a Worker>),
+    /// Ids (indexes into `workers`) of the healthy workers that serve it.
+    Healthy(&'a [usize]),
 }
 
 // === impl Snapshot ===
@@ -62,31 +66,27 @@ impl Snapshot {
         let listed: Vec<&str> =
             models.into_iter().filter(|m| by_model[*m].iter().any(|id| workers[*id].healthy)).collect();
         let models_body = (!listed.is_empty()).then(|| render_models(&listed));
-        Snapshot { generation, workers, by_model, models_body }
+        let healthy_by_model = by_model
+            .iter()
+            .map(|(m, ids)| (m.clone(), ids.iter().copied().filter(|id| workers[*id].healthy).collect()))
+            .collect();
+        let healthy = workers.iter().filter(|w| w.healthy).map(|w| w.id).collect();
+        Snapshot { generation, workers, healthy_by_model, healthy, models_body }
     }
 
     /// Healthy workers for `model`; with no model, every healthy worker.
     pub fn candidates(&self, model: Option<&str>) -> Candidates<'_> {
-        match model {
-            Some(m) => match self.by_model.get(m) {
-                None => Candidates::UnknownModel,
-                Some(ids) => {
-                    let up: Vec<&Worker> = ids.iter().map(|id| &self.workers[*id]).filter(|w| w.healthy).collect();
-                    if up.is_empty() {
-                        Candidates::AllDown
-                    } else {
-                        Candidates::Healthy(up)
-                    }
-                }
+        let up = match model {
+            Some(m) => match self.healthy_by_model.get(m) {
+                None => return Candidates::UnknownModel,
+                Some(ids) => ids,
             },
-            None => {
-                let up: Vec<&Worker> = self.workers.iter().filter(|w| w.healthy).collect();
-                if up.is_empty() {
-                    Candidates::AllDown
-                } else {
-                    Candidates::Healthy(up)
-                }
-            }
+            None => &self.healthy,
+        };
+        if up.is_empty() {
+            Candidates::AllDown
+        } else {
+            Candidates::Healthy(up)
         }
     }
 }
