@@ -52,6 +52,10 @@ pub struct CompareArgs {
     /// smg-sim binary (default: next to this executable).
     #[arg(long)]
     pub sim_bin: Option<PathBuf>,
+    /// Simulated workers per model, all behind every proxy target (`direct` uses the first):
+    /// how routing cost grows with the fleet.
+    #[arg(long, default_value_t = 1)]
+    pub sim_workers: usize,
     /// Extra smg-sim flags, space separated (e.g. "--ttft-ms 5 --itl-ms 1").
     #[arg(long, default_value = "")]
     pub sim_args: String,
@@ -217,7 +221,9 @@ fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>)
     let mut cmd = pinned(args.load_core, &bin);
     let models = if scenario.models.is_empty() { vec![scenario.model.clone()] } else { scenario.models.clone() };
     for m in &models {
-        cmd.arg("--worker").arg(format!("0:{m}"));
+        for _ in 0..args.sim_workers.max(1) {
+            cmd.arg("--worker").arg(format!("0:{m}"));
+        }
     }
     cmd.arg("--cores").arg(args.load_core.to_string());
     cmd.args(args.sim_args.split_whitespace());
