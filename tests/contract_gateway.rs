@@ -77,7 +77,7 @@ fn alias_and_profile_rewrites_are_splices() {
         let kimi = FakeWorker::start("moonshotai/Kimi-K2-Instruct");
         let (u1, u2) = (w.url(), kimi.url());
         let gw = Gateway::start(legacy, &["--worker-urls", &u1, &u2, "--model-alias", "short=org/canonical"]);
-        gw.ready();
+        gw.ready_workers(2);
         // Alias: only the model string changes; spacing and number spellings survive.
         let body =
             r#"{ "model" : "short", "messages":[{"role":"user","content":"hi"}], "top_p":0.95, "temperature":1e0 }"#;

@@ -21,13 +21,8 @@ fn world(legacy: bool, n: usize, args: &[&str]) -> World {
     all.extend(urls.iter().map(String::as_str));
     all.extend_from_slice(args);
     let gw = Gateway::start(legacy, &all);
-    gw.ready();
     // Every worker must be routable before distribution is measured.
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while !get(gw.port, "/readiness").text().contains(&format!("\"healthy_workers\":{n}")) {
-        assert!(std::time::Instant::now() < until, "not all workers came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    gw.ready_workers(n);
     World { workers, gw }
 }
 
@@ -191,11 +186,7 @@ fn load_is_gateway_wide_across_shards() {
         fill(&mut held, &mut raw).unwrap();
         assert!(String::from_utf8_lossy(&raw).contains(&ua), "the stream must be on A");
         b.state.healthy.store(true, std::sync::atomic::Ordering::SeqCst);
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        while !get(gw.port, "/readiness").text().contains("\"healthy_workers\":2") {
-            assert!(std::time::Instant::now() < until, "B never came up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        gw.ready_workers(2);
         // Loads cross shards every 100 ms.
         std::thread::sleep(Duration::from_millis(300));
         let short = chat(&[("user", "hi")]);

@@ -65,6 +65,17 @@ impl Gateway {
         self.wait_status("/readiness", 200);
     }
 
+    /// Waits until `n` workers are routable. Readiness needs only one, and a request for a
+    /// model whose worker has not answered its probe yet is a 404.
+    pub fn ready_workers(&self, n: usize) {
+        let until = Instant::now() + Duration::from_secs(20);
+        let want = format!("\"healthy_workers\":{n}");
+        while !try_get(self.port, "/readiness").map(|r| r.text().contains(&want)).unwrap_or(false) {
+            assert!(Instant::now() < until, "{n} workers never came up; log:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
