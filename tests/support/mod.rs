@@ -307,9 +307,10 @@ fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState) -> bool {
                 return false;
             }
             let done = "data: [DONE]\n\n";
-            let ok = s.write_all(format!("{:x}\r\n{done}\r\n0\r\n\r\n", done.len()).as_bytes()).is_ok();
+            // Stamped before the last write: a client that has the whole response must find
+            // the stamp already there.
             st.stream_done_at.lock().unwrap().push(Instant::now());
-            ok
+            s.write_all(format!("{:x}\r\n{done}\r\n0\r\n\r\n", done.len()).as_bytes()).is_ok()
         }
         _ => reply(
             s,
