@@ -476,33 +476,43 @@ fn client_abort_mid_stream_closes_upstream_quickly() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
-        let mut s = gw.connect();
-        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":100,"gap_ms":1000}"#;
-        s.write_all(post_bytes("/v1/chat/completions", body, &[]).as_bytes()).unwrap();
-        let mut raw = Vec::new();
-        while !raw.windows(8).any(|x| x == b"\"i\":0}\n\n") {
-            fill(&mut s, &mut raw).unwrap();
-        }
-        let closes_before = w.state.closed_at.lock().unwrap().len();
-        let t0 = Instant::now();
-        drop(s);
-        // The worker watches its socket between events and stamps the gateway's close.
-        let until = t0 + Duration::from_secs(3);
-        let closed = loop {
-            if w.state.closed_at.lock().unwrap().len() > closes_before {
-                break *w.state.closed_at.lock().unwrap().last().unwrap();
-            }
-            assert!(Instant::now() < until, "gateway never closed the upstream connection");
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        let took = closed.saturating_duration_since(t0);
+        let took = upstream_close_after_abort(&w, &gw, 1000, 0);
         assert!(took < Duration::from_millis(100), "upstream closed after {took:?}");
     });
 }
 
-/// Gaps over 20 ms put the relay into its watched mode (one client watch across reads,
-/// direct sends): the stream must still arrive whole, a request pipelined mid-stream must
-/// be answered after it, and a client leaving must close the worker's socket at once.
+/// Starts a 100-event stream with `gap_ms` between events, drops the client once event
+/// `after` arrived, and returns how long the gateway took to close the worker's socket.
+fn upstream_close_after_abort(w: &FakeWorker, gw: &Gateway, gap_ms: u64, after: usize) -> Duration {
+    let mut s = gw.connect();
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"stream":true,"fake":"sse","events":100,"gap_ms":{gap_ms}}}"#
+    );
+    s.write_all(post_bytes("/v1/chat/completions", &body, &[]).as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let marker = format!("\"i\":{after}}}\n\n");
+    while !raw.windows(marker.len()).any(|x| x == marker.as_bytes()) {
+        fill(&mut s, &mut raw).unwrap();
+    }
+    let closes_before = w.state.closed_at.lock().unwrap().len();
+    let t0 = Instant::now();
+    drop(s);
+    // The worker watches its socket between events and stamps the gateway's close.
+    let until = t0 + Duration::from_secs(3);
+    let closed = loop {
+        if w.state.closed_at.lock().unwrap().len() > closes_before {
+            break *w.state.closed_at.lock().unwrap().last().unwrap();
+        }
+        assert!(Instant::now() < until, "gateway never closed the upstream connection");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    closed.saturating_duration_since(t0)
+}
+
+/// Gaps over 20 ms put the relay into its watched mode (one client watch held across
+/// reads on a dup of the client socket): the stream must still arrive whole, a request
+/// pipelined mid-stream must be answered after it, and a client leaving must close the
+/// worker's socket at once.
 #[test]
 fn slow_stream_is_relayed_whole_and_still_watched() {
     both_drivers(|legacy| {
@@ -529,25 +539,8 @@ fn slow_stream_is_relayed_whole_and_still_watched() {
         assert_eq!(r2.status, 200);
         assert_eq!(r2.json()["sha"].as_str().unwrap(), sha_hex(next.as_bytes()));
 
-        let long = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":100,"gap_ms":60}"#;
-        let mut s = gw.connect();
-        s.write_all(post_bytes("/v1/chat/completions", long, &[]).as_bytes()).unwrap();
-        let mut raw = Vec::new();
-        while !raw.windows(8).any(|x| x == b"\"i\":3}\n\n") {
-            fill(&mut s, &mut raw).unwrap();
-        }
-        let closes_before = w.state.closed_at.lock().unwrap().len();
-        let t0 = Instant::now();
-        drop(s);
-        let until = t0 + Duration::from_secs(3);
-        let closed = loop {
-            if w.state.closed_at.lock().unwrap().len() > closes_before {
-                break *w.state.closed_at.lock().unwrap().last().unwrap();
-            }
-            assert!(Instant::now() < until, "gateway never closed the upstream connection");
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        let took = closed.saturating_duration_since(t0);
+        // By event 3 two reads have waited past 20 ms: the relay holds one watch.
+        let took = upstream_close_after_abort(&w, &gw, 60, 3);
         assert!(took < Duration::from_millis(100), "upstream closed after {took:?}");
     });
 }
