@@ -41,15 +41,16 @@ async fn client_left(client: &TcpStream, quiet: &Cell<u32>) -> bool {
 }
 
 /// One read from the worker, raced against the client leaving.
-pub enum Read {
+enum Read {
     Data(usize),
     Eof,
-    Err(io::Error),
+    /// The read failed; callers only need to know it ended the body.
+    Err,
     ClientGone,
 }
 
 /// Appends the next upstream read to `up.buf`.
-pub async fn read_watching(up: &mut UpstreamConn, client: &TcpStream, watch: &mut bool, quiet: &Cell<u32>) -> Read {
+async fn read_watching(up: &mut UpstreamConn, client: &TcpStream, watch: &mut bool, quiet: &Cell<u32>) -> Read {
     let buf = std::mem::take(&mut up.buf);
     let mut fut = pin!(read_more(&mut up.stream, buf, UPSTREAM_BUF / 2));
     if *watch {
@@ -74,7 +75,7 @@ fn finish(slot: &mut Vec<u8>, (res, buf): (io::Result<usize>, Vec<u8>)) -> Read 
     match res {
         Ok(0) => Read::Eof,
         Ok(n) => Read::Data(n),
-        Err(e) => Read::Err(e),
+        Err(_) => Read::Err,
     }
 }
 
@@ -231,7 +232,7 @@ pub async fn relay_body(
                         );
                     }
                     Read::ClientGone => return (RelayEnd::ClientGone, out),
-                    Read::Err(_) => return (RelayEnd::UpstreamDied("read error"), out),
+                    Read::Err => return (RelayEnd::UpstreamDied("read error"), out),
                 }
             }
         }
@@ -314,7 +315,7 @@ async fn relay_rest(
         let n = match read_watching(up, client, &mut watch, &quiet).await {
             Read::Data(n) => n,
             Read::ClientGone => return RelayEnd::ClientGone,
-            Read::Eof | Read::Err(_) => return RelayEnd::UpstreamDied(left.cut_short()),
+            Read::Eof | Read::Err => return RelayEnd::UpstreamDied(left.cut_short()),
         };
         match forward_read(client, up, n, &mut left, &mut extra).await {
             Some(end) => return end,
