@@ -10,7 +10,7 @@ use sonic_rs::JsonValueTrait;
 
 use smg::http::chunked::ChunkedDecoder;
 use smg::http::head::parse_request;
-use smg::http::upstream::parse_response;
+use smg::http::response_head::parse_response;
 
 fn chat_body(model_first: bool, user_bytes: usize) -> String {
     let messages = format!(

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::contract::Aliases;
+use crate::log::LogLevel;
 use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
 use crate::workers::WorkerUrl;
 
@@ -124,31 +125,45 @@ pub struct LaunchArgs {
     /// Keep-alive client connections idle this long are closed.
     #[arg(long, default_value_t = 75)]
     pub client_idle_timeout_secs: u64,
-    /// A client must finish its request head, and keep its body moving, within this many seconds.
+    /// A client must finish its request head within this many seconds of its first byte.
     #[arg(long, default_value_t = 30)]
     pub client_read_timeout_secs: u64,
+    /// A request body that goes this many seconds without a byte gets 408 request_body_stalled.
+    #[arg(long, default_value_t = 30)]
+    pub stream_body_stall_timeout_secs: u64,
+    /// A client that takes none of our bytes for this many seconds is disconnected, and its
+    /// worker connection closed (the generation is cancelled).
+    #[arg(long, default_value_t = 60)]
+    pub client_write_timeout_secs: u64,
+    /// A worker that sends no byte of its response body for this many seconds has its
+    /// response ended (cut short, connection closed, logged). The head wait is
+    /// --request-timeout-secs, which also bounds the whole exchange.
+    #[arg(long, default_value_t = 120)]
+    pub upstream_read_timeout_secs: u64,
+    /// Most open client connections (all shards together); past it new clients wait in the
+    /// kernel's backlog. Default: half of what the descriptor limit leaves after a reserve
+    /// for worker connections and probes.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogLevel {
-    Error = 1,
-    Warn = 2,
-    Info = 3,
-    Debug = 4,
-    Trace = 5,
+/// What the configuration needs to know about the machine it runs on.
+#[derive(Debug, Clone, Copy)]
+pub struct Host {
+    /// Cores this process may run on.
+    pub cores: usize,
+    /// The descriptor limit (RLIMIT_NOFILE) in force.
+    pub descriptors: u64,
 }
 
-impl std::str::FromStr for LogLevel {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "error" => Ok(LogLevel::Error),
-            "warn" | "warning" => Ok(LogLevel::Warn),
-            "info" => Ok(LogLevel::Info),
-            "debug" => Ok(LogLevel::Debug),
-            "trace" => Ok(LogLevel::Trace),
-            other => Err(format!("--log-level: unknown level '{other}' (expected trace, debug, info, warn or error)")),
-        }
+/// Descriptors kept for worker connections, health probes and the process itself.
+const DESCRIPTOR_RESERVE: u64 = 128;
+
+impl Host {
+    /// Every client connection may need a worker connection too, so clients get half of
+    /// what the reserve leaves.
+    fn default_max_connections(&self) -> usize {
+        (self.descriptors.saturating_sub(DESCRIPTOR_RESERVE) / 2).max(16) as usize
     }
 }
 
@@ -173,6 +188,10 @@ pub struct Config {
     pub health_timeout: Duration,
     pub client_idle_timeout: Duration,
     pub client_read_timeout: Duration,
+    pub body_stall_timeout: Duration,
+    pub client_write_timeout: Duration,
+    pub upstream_read_timeout: Duration,
+    pub max_connections: usize,
 }
 
 fn positive(flag: &str, v: u64) -> Result<Duration, String> {
@@ -180,6 +199,19 @@ fn positive(flag: &str, v: u64) -> Result<Duration, String> {
         return Err(format!("{flag}: must be at least 1"));
     }
     Ok(Duration::from_secs(v))
+}
+
+/// Validated, lowercased header names.
+fn header_names(flag: &str, names: &[String]) -> Result<Vec<String>, String> {
+    names
+        .iter()
+        .map(|h| {
+            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+                return Err(format!("{flag}: '{h}' is not a header name"));
+            }
+            Ok(h.to_ascii_lowercase())
+        })
+        .collect()
 }
 
 fn unit_range(flag: &str, v: f32) -> Result<f32, String> {
@@ -203,13 +235,7 @@ impl LaunchArgs {
             Some(m) => m.parse().map_err(|e| format!("--assignment-mode: {e}"))?,
             None => AssignmentMode::default_for(policy),
         };
-        let mut headers = Vec::new();
-        for h in &self.routing_key_headers {
-            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-                return Err(format!("--routing-key-headers: '{h}' is not a header name"));
-            }
-            headers.push(h.to_ascii_lowercase());
-        }
+        let headers = header_names("--routing-key-headers", &self.routing_key_headers)?;
         if self.max_tree_size == 0 {
             return Err("--max-tree-size: must be at least 1".into());
         }
@@ -233,7 +259,7 @@ impl LaunchArgs {
         })
     }
 
-    pub fn into_config(self) -> Result<Config, String> {
+    pub fn into_config(self, host: Host) -> Result<Config, String> {
         let workers = self
             .worker_urls
             .iter()
@@ -246,18 +272,18 @@ impl LaunchArgs {
         if self.max_payload_size == 0 {
             return Err("--max-payload-size: must be at least 1".into());
         }
-        let available = crate::runtime::allowed_cores().len().max(1);
         let cores = match self.cores {
             Some(0) => return Err("--cores: must be at least 1".into()),
             Some(n) if n > 1024 => return Err("--cores: at most 1024".into()),
             Some(n) => n,
-            None => available,
+            None => host.cores,
         };
-        for h in &self.request_id_headers {
-            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-                return Err(format!("--request-id-headers: '{h}' is not a header name"));
-            }
-        }
+        let max_connections = match self.max_connections {
+            Some(0) => return Err("--max-connections: must be at least 1".into()),
+            Some(n) => n,
+            None => host.default_max_connections(),
+        };
+        header_names("--request-id-headers", &self.request_id_headers)?;
         Ok(Config {
             workers,
             listen: SocketAddr::new(ip, self.port),
@@ -268,7 +294,7 @@ impl LaunchArgs {
             request_timeout: positive("--request-timeout-secs", self.request_timeout_secs)?,
             pool_idle_timeout: positive("--upstream-pool-idle-timeout-secs", self.upstream_pool_idle_timeout_secs)?,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_period_secs),
-            request_id_headers: self.request_id_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            request_id_headers: header_names("--request-id-headers", &self.request_id_headers)?,
             log_level: self.log_level.parse()?,
             log_json: self.log_json,
             cores,
@@ -276,6 +302,10 @@ impl LaunchArgs {
             health_timeout: positive("--health-check-timeout-secs", self.health_check_timeout_secs)?,
             client_idle_timeout: positive("--client-idle-timeout-secs", self.client_idle_timeout_secs)?,
             client_read_timeout: positive("--client-read-timeout-secs", self.client_read_timeout_secs)?,
+            body_stall_timeout: positive("--stream-body-stall-timeout-secs", self.stream_body_stall_timeout_secs)?,
+            client_write_timeout: positive("--client-write-timeout-secs", self.client_write_timeout_secs)?,
+            upstream_read_timeout: positive("--upstream-read-timeout-secs", self.upstream_read_timeout_secs)?,
+            max_connections,
         })
     }
 }

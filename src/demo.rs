@@ -55,7 +55,7 @@ pub fn config(args: &DemoArgs) -> Result<Config, String> {
     let mut argv = vec!["smg", "launch", "--host", "127.0.0.1", "--port", &port, "--worker-urls"];
     argv.extend(urls.iter().map(String::as_str));
     let cfg = match Cli::try_parse_from(argv).map_err(|e| format!("demo: {e}"))?.command {
-        Command::Launch(launch) => launch.into_config()?,
+        Command::Launch(launch) => launch.into_config(crate::runtime::host())?,
         Command::Demo(_) => unreachable!("parsed a launch command"),
     };
     // A closed stdout (piped into `head`, say) must not take the gateway down: write, don't print.

@@ -1,16 +1,22 @@
 //! smg: a shard-per-core, SMG-compatible LLM inference gateway.
 //!
-//! Follow a request by file name: `runtime/` boots pinned shards and accepts,
-//! `http/server.rs` drives a connection through its phases, `api/` answers or forwards,
-//! `http/upstream.rs` + `http/relay.rs` talk to the worker, `workers/` keeps the worker set.
+//! Follow a request by file name: `runtime/` boots pinned shards and accepts
+//! (`runtime/accept.rs`), `serve/` drives each request through its phases (`serve/mod.rs`
+//! draws them) and ends it in `serve/finish.rs`; `api/` decides routes from the head and
+//! answers locally; `http/` is bytes only (heads, bodies, the relay, the pool); `io.rs`
+//! is every system call; `shard.rs` is one core's state; `workers/` keeps the worker set.
 
 #[macro_use]
 pub mod log;
 pub mod api;
+pub mod civil;
 pub mod config;
 pub mod contract;
 pub mod demo;
 pub mod http;
+pub mod io;
 pub mod routing;
 pub mod runtime;
+pub mod serve;
+pub mod shard;
 pub mod workers;

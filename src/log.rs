@@ -1,12 +1,33 @@
 //! A small stderr logger: text or JSON lines, level set once at start.
 //!
-//! Logging is off the request path except for warnings and errors, so a plain locked
+//! A request logs only when something went wrong (a warning or an error), so a plain locked
 //! write to stderr is enough; no logging framework is pulled in.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use crate::config::LogLevel;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+    Trace = 5,
+}
+
+impl std::str::FromStr for LogLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "error" => Ok(LogLevel::Error),
+            "warn" | "warning" => Ok(LogLevel::Warn),
+            "info" => Ok(LogLevel::Info),
+            "debug" => Ok(LogLevel::Debug),
+            "trace" => Ok(LogLevel::Trace),
+            other => Err(format!("--log-level: unknown level '{other}' (expected trace, debug, info, warn or error)")),
+        }
+    }
+}
 
 static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Info as u8);
 static JSON: AtomicBool = AtomicBool::new(false);
@@ -31,21 +52,20 @@ fn name(level: LogLevel) -> &'static str {
     }
 }
 
-/// UTC timestamp `YYYY-MM-DDTHH:MM:SS.mmmZ` (civil-from-days, no time crate needed).
+/// UTC timestamp `YYYY-MM-DDTHH:MM:SS.mmmZ`.
 fn timestamp() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let secs = now.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem / 60 % 60, rem % 60, now.subsec_millis())
+    let c = crate::civil::from_unix(now.as_secs() as i64);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        c.year,
+        c.month,
+        c.day,
+        c.hour,
+        c.minute,
+        c.second,
+        now.subsec_millis()
+    )
 }
 
 pub fn write(level: LogLevel, args: std::fmt::Arguments<'_>) {
@@ -68,13 +88,13 @@ macro_rules! log_at {
     };
 }
 #[macro_export]
-macro_rules! error { ($($arg:tt)*) => { $crate::log_at!($crate::config::LogLevel::Error, $($arg)*) }; }
+macro_rules! error { ($($arg:tt)*) => { $crate::log_at!($crate::log::LogLevel::Error, $($arg)*) }; }
 #[macro_export]
-macro_rules! warn { ($($arg:tt)*) => { $crate::log_at!($crate::config::LogLevel::Warn, $($arg)*) }; }
+macro_rules! warn { ($($arg:tt)*) => { $crate::log_at!($crate::log::LogLevel::Warn, $($arg)*) }; }
 #[macro_export]
-macro_rules! info { ($($arg:tt)*) => { $crate::log_at!($crate::config::LogLevel::Info, $($arg)*) }; }
+macro_rules! info { ($($arg:tt)*) => { $crate::log_at!($crate::log::LogLevel::Info, $($arg)*) }; }
 #[macro_export]
-macro_rules! debug { ($($arg:tt)*) => { $crate::log_at!($crate::config::LogLevel::Debug, $($arg)*) }; }
+macro_rules! debug { ($($arg:tt)*) => { $crate::log_at!($crate::log::LogLevel::Debug, $($arg)*) }; }
 
 #[cfg(test)]
 mod tests {
@@ -82,6 +102,16 @@ mod tests {
     fn timestamp_shape() {
         let t = super::timestamp();
         assert_eq!(t.len(), 24, "{t}");
-        assert!(t.starts_with("20") && t.ends_with('Z'));
+        let b = t.as_bytes();
+        for (i, c) in b.iter().enumerate() {
+            match i {
+                4 | 7 => assert_eq!(*c, b'-'),
+                10 => assert_eq!(*c, b'T'),
+                13 | 16 => assert_eq!(*c, b':'),
+                19 => assert_eq!(*c, b'.'),
+                23 => assert_eq!(*c, b'Z'),
+                _ => assert!(c.is_ascii_digit(), "{t}"),
+            }
+        }
     }
 }

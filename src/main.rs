@@ -9,7 +9,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let cfg = match cli.command {
-        Command::Launch(args) => args.into_config(),
+        Command::Launch(args) => args.into_config(smg::runtime::host()),
         Command::Demo(args) => smg::demo::config(&args),
     };
     let cfg = match cfg {

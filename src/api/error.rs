@@ -1,7 +1,7 @@
 //! ApiError: every error the gateway itself answers, turned into the contract's envelope
 //! (`type` = reason phrase, `code`, `message`, `param: null`) plus `X-SMG-Error-Code`.
 
-use crate::http::response::{reason, write_simple, Simple};
+use crate::http::respond::{reason, write_simple, Simple, Stamp};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -45,8 +45,24 @@ impl ApiError {
         Self::new(405, "method_not_allowed", format!("Method not allowed for {path}"))
     }
 
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(400, code, message)
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "bad_request", message)
+    }
+
+    pub fn uri_too_long() -> Self {
+        Self::new(414, "uri_too_long", "Request line too long")
+    }
+
+    pub fn head_too_large() -> Self {
+        Self::new(431, "header_fields_too_large", "Request header fields too large")
+    }
+
+    pub fn unknown_transfer_coding() -> Self {
+        Self::new(501, "unsupported_transfer_coding", "Transfer-Encoding other than chunked is not implemented")
+    }
+
+    pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(500, code, message)
     }
 
     pub fn upstream_connect(worker: &str, err: &std::io::Error) -> Self {
@@ -75,19 +91,11 @@ impl ApiError {
     }
 
     /// Appends the full HTTP response (envelope + `x-smg-error-code`) to `out`.
-    pub fn write_response(&self, out: &mut Vec<u8>, request_id: Option<&[u8]>, head_only: bool, close: bool) {
+    pub fn write_response(&self, out: &mut Vec<u8>, head_only: bool, stamp: &Stamp<'_>) {
         let body = self.envelope();
-        let mut headers: [(&str, &[u8]); 2] = [("x-smg-error-code", self.code.as_bytes()), ("", b"")];
-        let n = match request_id {
-            Some(id) => {
-                headers[1] = ("x-request-id", id);
-                2
-            }
-            None => 1,
-        };
-        let resp =
-            Simple { status: self.status, content_type: "application/json", headers: &headers[..n], body: &body };
-        write_simple(out, &resp, head_only, close);
+        let headers: [(&str, &[u8]); 1] = [("x-smg-error-code", self.code.as_bytes())];
+        let resp = Simple { status: self.status, content_type: "application/json", headers: &headers, body: &body };
+        write_simple(out, &resp, head_only, stamp);
     }
 }
 

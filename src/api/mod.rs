@@ -1,140 +1,114 @@
-//! The API surface: which path is which endpoint, and the gateway's own answers
-//! (health, readiness, models, errors). Inference endpoints go to `proxy`.
+//! The API surface, decided from the head alone: `(method, path)` → [`Route`], before a byte
+//! of the body is read. Inference endpoints carry their [`EndpointSpec`] (schema, routing
+//! text, id prefix) from one table; everything else is answered here ([`local`]).
 
 pub mod error;
-pub mod proxy;
+pub mod local;
 
 pub use error::ApiError;
 
-use std::rc::Rc;
+use crate::contract;
+use crate::http::head::Method;
+use crate::routing::TextSource;
 
-use monoio::net::TcpStream;
-
-use crate::http::head::{Method, RequestHead};
-use crate::http::response::{write_simple, Simple};
-use crate::http::server::{Body, Finish};
-use crate::runtime::io::write_all;
-use crate::runtime::shard::Shard;
-
-/// Inference endpoints forwarded to workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    ChatCompletions,
-    Completions,
-    Generate,
-    Embeddings,
-    Rerank,
-    Responses,
-    Messages,
-    Classify,
-    Tokenize,
-    Detokenize,
-}
-
-impl Endpoint {
+/// What the gateway knows about one inference endpoint.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EndpointSpec {
+    pub path: &'static str,
     /// Prefix of ids the gateway generates for this endpoint (OpenAI's own where one exists).
-    pub fn id_prefix(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "chatcmpl-",
-            Endpoint::Completions => "cmpl-",
-            Endpoint::Generate => "gnt-",
-            Endpoint::Embeddings => "embd-",
-            Endpoint::Rerank => "rerank-",
-            Endpoint::Responses => "resp-",
-            Endpoint::Messages => "msg_",
-            Endpoint::Classify => "classify-",
-            Endpoint::Tokenize => "tok-",
-            Endpoint::Detokenize => "detok-",
-        }
-    }
+    pub id_prefix: &'static str,
+    /// The request schema the contract validates, if it models this endpoint.
+    pub schema: Option<contract::Endpoint>,
+    /// Where the routing text lives in the body, for policies that route on it.
+    pub text: Option<TextSource>,
 }
 
+const fn spec(
+    path: &'static str,
+    id_prefix: &'static str,
+    schema: Option<contract::Endpoint>,
+    text: Option<TextSource>,
+) -> EndpointSpec {
+    EndpointSpec { path, id_prefix, schema, text }
+}
+
+/// Every inference endpoint forwarded to workers.
+pub static ENDPOINTS: [EndpointSpec; 11] = [
+    spec("/v1/chat/completions", "chatcmpl-", Some(contract::Endpoint::ChatCompletions), Some(TextSource::Chat)),
+    spec("/v1/completions", "cmpl-", Some(contract::Endpoint::Completions), Some(TextSource::Completion)),
+    spec("/generate", "gnt-", None, Some(TextSource::Generate)),
+    spec("/v1/embeddings", "embd-", None, None),
+    spec("/v1/rerank", "rerank-", None, None),
+    spec("/rerank", "rerank-", None, None),
+    spec("/v1/responses", "resp-", None, None),
+    spec("/v1/messages", "msg_", None, None),
+    spec("/v1/classify", "classify-", None, None),
+    spec("/v1/tokenize", "tok-", None, None),
+    spec("/v1/detokenize", "detok-", None, None),
+];
+
+/// Answers the gateway gives itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub enum Local {
     Health,
     Readiness,
     Models,
-    Inference(Endpoint),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Local(Local),
+    Proxy(&'static EndpointSpec),
     NotFound,
+    MethodNotAllowed,
 }
 
-pub fn route(path: &[u8]) -> Route {
-    match path {
-        b"/health" | b"/liveness" => Route::Health,
-        b"/readiness" => Route::Readiness,
-        b"/v1/models" => Route::Models,
-        b"/v1/chat/completions" => Route::Inference(Endpoint::ChatCompletions),
-        b"/v1/completions" => Route::Inference(Endpoint::Completions),
-        b"/generate" => Route::Inference(Endpoint::Generate),
-        b"/v1/embeddings" => Route::Inference(Endpoint::Embeddings),
-        b"/v1/rerank" | b"/rerank" => Route::Inference(Endpoint::Rerank),
-        b"/v1/responses" => Route::Inference(Endpoint::Responses),
-        b"/v1/messages" => Route::Inference(Endpoint::Messages),
-        b"/v1/classify" => Route::Inference(Endpoint::Classify),
-        b"/v1/tokenize" => Route::Inference(Endpoint::Tokenize),
-        b"/v1/detokenize" => Route::Inference(Endpoint::Detokenize),
-        _ => Route::NotFound,
+/// A request's route, from its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub action: Action,
+    /// An admin route (worker management, …): its own key rules.
+    pub admin: bool,
+}
+
+impl Route {
+    /// The body is read only for a request that will be forwarded.
+    pub fn needs_body(&self) -> bool {
+        matches!(self.action, Action::Proxy(_))
+    }
+
+    /// Prefix of a request id the gateway generates for this route.
+    pub fn id_prefix(&self) -> &'static str {
+        match self.action {
+            Action::Proxy(spec) => spec.id_prefix,
+            _ => "req-",
+        }
     }
 }
 
-/// Answers one request. Returns the keep-alive decision and the connection buffer.
-pub async fn dispatch(
-    shard: &Rc<Shard>,
-    client: &mut TcpStream,
-    head: &RequestHead,
-    buf: Vec<u8>,
-    body: Body,
-) -> (Finish, Vec<u8>) {
-    // Only error answers name the path; borrow it lazily so a proxied request allocates nothing here.
-    let path_str = || String::from_utf8_lossy(&buf[head.path.clone()]);
-    let r = route(&buf[head.path.clone()]);
-    let head_only = head.method == Method::Head;
-    let readable = matches!(head.method, Method::Get | Method::Head);
-    let mut out = Vec::with_capacity(512);
-    let close = head.close || shard.draining.get();
-    match r {
-        Route::Inference(ep) if head.method == Method::Post => {
-            return proxy::forward(shard, client, head, buf, body, ep).await
-        }
-        Route::Inference(_) => {
-            ApiError::method_not_allowed(&path_str()).write_response(&mut out, None, head_only, close)
-        }
-        Route::Health if readable => write_simple(
-            &mut out,
-            &Simple { status: 200, content_type: "text/plain", headers: &[], body: b"OK" },
-            head_only,
-            close,
-        ),
-        Route::Readiness if readable => {
-            let snap = shard.snapshot();
-            let healthy = snap.workers.iter().filter(|w| w.healthy).count();
-            let (status, state) = if healthy > 0 { (200, "ready") } else { (503, "not_ready") };
-            let body = format!(
-                "{{\"status\":\"{state}\",\"healthy_workers\":{healthy},\"total_workers\":{}}}",
-                snap.workers.len()
-            );
-            write_simple(
-                &mut out,
-                &Simple { status, content_type: "application/json", headers: &[], body: body.as_bytes() },
-                head_only,
-                close,
-            );
-        }
-        Route::Models if readable => {
-            let snap = shard.snapshot();
-            let resp = match &snap.models_body {
-                Some(b) => Simple { status: 200, content_type: "application/json", headers: &[], body: b },
-                None => Simple { status: 503, content_type: "text/plain", headers: &[], body: b"No models available" },
-            };
-            write_simple(&mut out, &resp, head_only, close);
-        }
-        Route::Health | Route::Readiness | Route::Models => {
-            ApiError::method_not_allowed(&path_str()).write_response(&mut out, None, head_only, close)
-        }
-        Route::NotFound => ApiError::route_not_found(&path_str()).write_response(&mut out, None, head_only, close),
-    }
-    let (res, _) = write_all(client, out).await;
-    (if res.is_ok() && !close { Finish::KeepAlive } else { Finish::Close }, buf)
+enum Target {
+    Local(Local),
+    Endpoint(&'static EndpointSpec),
+}
+
+fn target(path: &[u8]) -> Option<Target> {
+    Some(match path {
+        b"/health" | b"/liveness" => Target::Local(Local::Health),
+        b"/readiness" => Target::Local(Local::Readiness),
+        b"/v1/models" => Target::Local(Local::Models),
+        _ => return ENDPOINTS.iter().find(|e| e.path.as_bytes() == path).map(Target::Endpoint),
+    })
+}
+
+/// The route of `(method, path)`.
+pub fn classify(method: Method, path: &[u8]) -> Route {
+    let action = match target(path) {
+        None => Action::NotFound,
+        Some(Target::Local(l)) if matches!(method, Method::Get | Method::Head) => Action::Local(l),
+        Some(Target::Endpoint(e)) if method == Method::Post => Action::Proxy(e),
+        Some(_) => Action::MethodNotAllowed,
+    };
+    Route { action, admin: false }
 }
 
 #[cfg(test)]
@@ -143,10 +117,27 @@ mod tests {
 
     #[test]
     fn routes() {
-        assert_eq!(route(b"/v1/chat/completions"), Route::Inference(Endpoint::ChatCompletions));
-        assert_eq!(route(b"/rerank"), Route::Inference(Endpoint::Rerank));
-        assert_eq!(route(b"/liveness"), Route::Health);
-        assert_eq!(route(b"/v1/chat/completions/"), Route::NotFound);
-        assert_eq!(route(b"/nope"), Route::NotFound);
+        let proxy = |p: &str| match classify(Method::Post, p.as_bytes()).action {
+            Action::Proxy(s) => Some(s.path),
+            _ => None,
+        };
+        assert_eq!(proxy("/v1/chat/completions"), Some("/v1/chat/completions"));
+        assert_eq!(proxy("/rerank"), Some("/rerank"));
+        assert_eq!(proxy("/v1/chat/completions/"), None);
+        assert_eq!(classify(Method::Get, b"/liveness").action, Action::Local(Local::Health));
+        assert_eq!(classify(Method::Head, b"/v1/models").action, Action::Local(Local::Models));
+        assert_eq!(classify(Method::Post, b"/v1/models").action, Action::MethodNotAllowed);
+        assert_eq!(classify(Method::Get, b"/v1/chat/completions").action, Action::MethodNotAllowed);
+        assert_eq!(classify(Method::Get, b"/nope").action, Action::NotFound);
+        assert!(!classify(Method::Get, b"/health").needs_body());
+        assert_eq!(classify(Method::Post, b"/v1/messages").id_prefix(), "msg_");
+        assert_eq!(classify(Method::Get, b"/health").id_prefix(), "req-");
+    }
+
+    #[test]
+    fn endpoint_paths_are_unique() {
+        for (i, a) in ENDPOINTS.iter().enumerate() {
+            assert!(ENDPOINTS[i + 1..].iter().all(|b| b.path != a.path), "{}", a.path);
+        }
     }
 }

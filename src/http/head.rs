@@ -33,25 +33,18 @@ pub enum Method {
     Other,
 }
 
-/// Why a head could not be accepted; `status()` maps each to its answer in one place.
+/// Why a head could not be accepted. The driver maps each to its answer in one place
+/// (`serve::error`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParseError {
-    /// Request line longer than [`MAX_REQUEST_LINE`].
+    /// Request line longer than [`MAX_REQUEST_LINE`]: 414.
     UriTooLong,
-    /// Head larger than [`MAX_HEAD`] or more than [`MAX_HEADERS`] headers.
+    /// Head larger than [`MAX_HEAD`] or more than [`MAX_HEADERS`] headers: 431.
     HeadTooLarge,
-    /// Anything malformed, including ambiguous framing.
+    /// A transfer coding we do not implement (RFC 9112 §6.1): 501.
+    UnknownCoding,
+    /// Anything malformed, including ambiguous framing: 400.
     Malformed(&'static str),
-}
-
-impl ParseError {
-    pub fn status(&self) -> u16 {
-        match self {
-            ParseError::UriTooLong => 414,
-            ParseError::HeadTooLarge => 431,
-            ParseError::Malformed(_) => 400,
-        }
-    }
 }
 
 /// A header the gateway forwards or reads, kept as ranges into the read buffer.
@@ -72,6 +65,8 @@ pub struct RequestHead {
     /// Path without the query.
     pub path: Range<usize>,
     pub http10: bool,
+    /// The authority of an absolute-form target (`POST http://host/path`), if one was sent.
+    pub absolute_authority: Option<Range<usize>>,
     pub body: BodyKind,
     pub expect_continue: bool,
     /// Client asked to close (or HTTP/1.0 without keep-alive).
@@ -109,9 +104,45 @@ pub fn is_forwarded_header(name: &[u8]) -> bool {
         || (name.len() > 13 && name[..13].eq_ignore_ascii_case(b"x-request-id-"))
 }
 
-fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
+/// Where `part`, a sub-slice of `buf`, sits in it.
+pub(crate) fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
     let start = part.as_ptr() as usize - buf.as_ptr() as usize;
     start..start + part.len()
+}
+
+/// The target as forwarded (origin form: path and query), the path alone, and the authority
+/// of an absolute-form target (RFC 9112 §3.2.2), as ranges into `buf`.
+type Target = (Range<usize>, Range<usize>, Option<Range<usize>>);
+
+fn split_target(buf: &[u8], raw: &str) -> Result<Target, ParseError> {
+    let bad = ParseError::Malformed("bad request target");
+    let all = offset(buf, raw.as_bytes());
+    let (origin, authority) = if raw.starts_with('/') || raw == "*" {
+        (all, None)
+    } else {
+        let scheme = if raw.len() > 7 && raw[..7].eq_ignore_ascii_case("http://") {
+            7
+        } else if raw.len() > 8 && raw[..8].eq_ignore_ascii_case("https://") {
+            8
+        } else {
+            return Err(bad);
+        };
+        let rest = &raw[scheme..];
+        let slash = rest.find(['/', '?']).unwrap_or(rest.len());
+        if slash == 0 {
+            return Err(bad);
+        }
+        let auth = all.start + scheme..all.start + scheme + slash;
+        // `http://host` and `http://host?q` mean the path `/`: only a path can be forwarded.
+        if !rest[slash..].starts_with('/') {
+            return Err(ParseError::Malformed("absolute-form target without a path"));
+        }
+        (auth.end..all.end, Some(auth))
+    };
+    let target = &buf[origin.clone()];
+    let path_len = target.iter().position(|b| *b == b'?').unwrap_or(target.len());
+    let path = origin.start..origin.start + path_len;
+    Ok((origin, path, authority))
 }
 
 /// Parses a request head from the start of `buf`.
@@ -119,8 +150,12 @@ fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
 /// `Ok(None)` means more bytes are needed. Limits are checked on partial input too, so a
 /// client cannot make us buffer an unbounded head.
 pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
-    // Tolerate (RFC 9112 §2.2) blank lines before a request line.
+    // Tolerate (RFC 9112 §2.2) blank lines before a request line, but no more of them than
+    // a head may hold: they are bytes that belong to no request.
     let lead = buf.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
+    if lead > MAX_HEAD {
+        return Err(ParseError::Malformed("too many empty lines before the request line"));
+    }
     let data = &buf[lead..];
     let line_end = data.iter().position(|b| *b == b'\n');
     match line_end {
@@ -154,13 +189,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
         "POST" => Method::Post,
         _ => Method::Other,
     };
-    let target_str = req.path.unwrap_or("");
-    if target_str.is_empty() || !(target_str.starts_with('/') || target_str == "*") {
-        return Err(ParseError::Malformed("bad request target"));
-    }
-    let target = offset(buf, target_str.as_bytes());
-    let path_len = target_str.find('?').unwrap_or(target_str.len());
-    let path = target.start..target.start + path_len;
+    let (target, path, absolute_authority) = split_target(buf, req.path.unwrap_or(""))?;
     let http10 = req.version == Some(0);
 
     let mut content_length: Option<u64> = None;
@@ -170,6 +199,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
     let mut conn_close = false;
     let mut conn_keep_alive = false;
     let mut content_type_json = false;
+    let mut hosts = 0u32;
     let mut forward = Vec::new();
     let mut headers = Vec::with_capacity(req.headers.len());
     for h in req.headers.iter() {
@@ -183,13 +213,18 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
             }
             content_length = Some(n);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // Only a lone `chunked` is acceptable: any other coding (or chunked not last)
-            // leaves the body length ambiguous between us and the next hop.
-            if transfer_encoding || !trim(value).eq_ignore_ascii_case(b"chunked") {
-                return Err(ParseError::Malformed("unsupported Transfer-Encoding"));
+            // Only a lone `chunked` frames a body we can read. Any other coding is one we do
+            // not implement (501); a second Transfer-Encoding line is ambiguous (400).
+            if transfer_encoding {
+                return Err(ParseError::Malformed("more than one Transfer-Encoding"));
+            }
+            if !trim(value).eq_ignore_ascii_case(b"chunked") {
+                return Err(ParseError::UnknownCoding);
             }
             transfer_encoding = true;
             chunked = true;
+        } else if name.eq_ignore_ascii_case(b"host") {
+            hosts += 1;
         } else if name.eq_ignore_ascii_case(b"expect") {
             if trim(value).eq_ignore_ascii_case(b"100-continue") {
                 expect_continue = true;
@@ -212,6 +247,14 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
     if transfer_encoding && http10 {
         return Err(ParseError::Malformed("Transfer-Encoding on HTTP/1.0"));
     }
+    // RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host.
+    if hosts > 1 || (hosts == 0 && !http10) {
+        return Err(ParseError::Malformed(if hosts == 0 {
+            "missing Host header"
+        } else {
+            "more than one Host header"
+        }));
+    }
     let body = if chunked {
         BodyKind::Chunked
     } else {
@@ -226,6 +269,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
         target,
         path,
         http10,
+        absolute_authority,
         body,
         expect_continue,
         close: conn_close || (http10 && !conn_keep_alive),
@@ -259,29 +303,81 @@ mod tests {
 
     #[test]
     fn partial_at_every_offset() {
-        let raw = b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n";
-        for cut in 0..raw.len() {
-            assert!(parse_request(&raw[..cut]).unwrap().is_none(), "cut {cut}");
+        // Cuts land inside the blank lines before the request line, the Content-Length value
+        // and the Transfer-Encoding name and value, where an off-by-one would live.
+        for raw in [
+            &b"\r\n\r\nGET /health HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            b"POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 12345\r\n\r\n",
+            b"POST /v1/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            let whole = parse_request(raw).unwrap().unwrap();
+            for cut in 0..raw.len() {
+                assert!(parse_request(&raw[..cut]).unwrap().is_none(), "cut {cut} of {raw:?}");
+            }
+            assert_eq!(whole.len, raw.len());
         }
-        assert!(parse_request(raw).unwrap().is_some());
+        let h = parse_request(b"POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 12345\r\n\r\n").unwrap().unwrap();
+        assert_eq!(h.body, BodyKind::Length { len: 12345 });
+    }
+
+    #[test]
+    fn host_rules() {
+        assert_eq!(parse("GET / HTTP/1.1\r\n\r\n").unwrap_err(), ParseError::Malformed("missing Host header"));
+        assert_eq!(
+            parse("GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n").unwrap_err(),
+            ParseError::Malformed("more than one Host header")
+        );
+        assert!(parse("GET / HTTP/1.0\r\n\r\n").unwrap().is_some());
+    }
+
+    #[test]
+    fn absolute_form_targets() {
+        let raw = "POST http://gw.example:30000/v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\n\r\n";
+        let h = parse(raw).unwrap().unwrap();
+        let b = raw.as_bytes();
+        assert_eq!(&b[h.target.clone()], b"/v1/chat/completions?x=1");
+        assert_eq!(&b[h.path.clone()], b"/v1/chat/completions");
+        assert_eq!(&b[h.absolute_authority.clone().unwrap()], b"gw.example:30000");
+        assert!(parse("GET HTTP://a/ HTTP/1.1\r\nHost: a\r\n\r\n").unwrap().is_some());
+        for bad in ["GET http:/// HTTP/1.1", "GET http://a HTTP/1.1", "GET ftp://a/ HTTP/1.1", "GET a/b HTTP/1.1"] {
+            assert!(matches!(parse(&format!("{bad}\r\nHost: a\r\n\r\n")), Err(ParseError::Malformed(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn transfer_codings() {
+        for te in ["gzip", "gzip, chunked", "chunked, gzip", "identity"] {
+            let raw = format!("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {te}\r\n\r\n");
+            assert_eq!(parse(&raw).unwrap_err(), ParseError::UnknownCoding, "{te}");
+        }
+        let h = parse("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:  Chunked \r\n\r\n").unwrap().unwrap();
+        assert_eq!(h.body, BodyKind::Chunked);
+    }
+
+    #[test]
+    fn blank_lines_before_the_request_are_bounded() {
+        let ok = format!("{}GET / HTTP/1.1\r\nHost: a\r\n\r\n", "\r\n".repeat(100));
+        assert!(parse(&ok).unwrap().is_some());
+        let flood = "\r\n".repeat(MAX_HEAD);
+        assert!(matches!(parse(&flood), Err(ParseError::Malformed(_))));
+        assert!(parse(&"\r\n".repeat(MAX_HEAD / 2)).unwrap().is_none());
     }
 
     #[test]
     fn smuggling_shapes_are_rejected() {
         for raw in [
-            "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: -3\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 3x\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3x\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
             "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
-            "POST / HTTP/1.1\r\nBad Header: x\r\n\r\n",
-            "POST nopath HTTP/1.1\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n",
+            "POST nopath HTTP/1.1\r\nHost: a\r\n\r\n",
         ] {
-            assert_eq!(parse(raw).unwrap_err().status(), 400, "{raw:?}");
+            assert!(matches!(parse(raw).unwrap_err(), ParseError::Malformed(_)), "{raw:?}");
         }
     }
 
@@ -304,7 +400,7 @@ mod tests {
         assert!(h.close);
         let h = parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").unwrap().unwrap();
         assert!(!h.close);
-        let h = parse("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap().unwrap();
+        let h = parse("GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").unwrap().unwrap();
         assert!(h.close);
     }
 

@@ -1,10 +1,13 @@
-//! HTTP/1.1 on our own framing: request heads, bodies, the connection driver, the upstream
-//! pool and the response relay.
+//! HTTP/1.1 on our own framing, as bytes only: request heads and bodies, worker response
+//! heads, the relay between them, the upstream pool, and the responses the gateway writes.
+//! Nothing here knows about shards, routes or the API contract.
 
 /// Chunked coding lives in the shared `smg-wire` crate (the load tools use it too).
 pub use smg_wire::chunked;
+pub mod body;
+pub mod date;
 pub mod head;
+pub mod pool;
 pub mod relay;
-pub mod response;
-pub mod server;
-pub mod upstream;
+pub mod respond;
+pub mod response_head;

@@ -10,6 +10,8 @@
 //! strace on chat-1k, an always-on watch was 0.8 extra syscalls per request (~15% of them),
 //! while a response that arrives within 20 ms has no client to lose. A user-space timer
 //! costs no syscall, and a client leaving a stalled stream is still seen within ~20 ms.
+//! The same point arms the worker's read deadline (`--upstream-read-timeout-secs`): a read
+//! that completes within 20 ms needs none.
 //!
 //! Once a response has paused like that twice (time to first token, then gaps between
 //! tokens: an engine streaming 30–50 ms apart), the rest of it is relayed with one watch
@@ -17,47 +19,119 @@
 //! writes need the stream itself exclusively). Re-arming per read cost a timer, a PollAdd
 //! and its cancel for every event: on sse-20 with 30 ms between tokens a stream took 70
 //! ring operations before and 45 after, and 7–16% less gateway CPU at 1,024 streams.
+//!
+//! Framing toward the client: a worker's Content-Length and chunked bodies pass through as
+//! the bytes they arrived as; a close-delimited body is re-chunked for HTTP/1.1 clients. An
+//! HTTP/1.0 client never sees chunked coding (RFC 9112 §6.1): it gets the de-chunked bytes
+//! and the end of the body is the close.
 
 use std::cell::Cell;
-use std::io;
 use std::pin::pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use monoio::net::TcpStream;
+use smg_wire::chunked::ChunkedDecoder;
+use smg_wire::num::put_dec;
 
-use super::chunked::ChunkedDecoder;
-use super::upstream::{parse_response, ResponseBody, ResponseHead, UpstreamConn, UPSTREAM_BUF};
-use crate::runtime::io::{peer_closed, read_more, write_all, write_range, Pair};
+use super::pool::{UpstreamConn, UPSTREAM_BUF};
+use super::respond::{reason, Stamp};
+use super::response_head::{ResponseBody, ResponseHead};
+use crate::io::{dup_stream, peer_closed, read_more, write_all, write_range, Writev2};
 
 /// How long the worker may be silent before we start watching the client.
 pub const WATCH_AFTER: Duration = Duration::from_millis(20);
 
-/// Resolves when the client closed (true) or sent bytes (false), after [`WATCH_AFTER`];
-/// counts in `quiet` the reads on which the worker was silent that long.
-async fn client_left(client: &TcpStream, quiet: &Cell<u32>) -> bool {
-    monoio::time::sleep(WATCH_AFTER).await;
-    quiet.set(quiet.get() + 1);
-    peer_closed(client).await
+/// The worker's side of the relay's deadlines.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayLimits {
+    /// Longest silence between two reads of the body (`--upstream-read-timeout-secs`).
+    pub read_idle: Duration,
+    /// End of the whole upstream exchange (`--request-timeout-secs` from the attempt's start).
+    pub deadline: Instant,
 }
 
-/// One read from the worker, raced against the client leaving.
+/// What the relay tells the request context.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RelayStats {
+    /// When the response head (and the first body bytes with it) went to the client.
+    pub first_byte: Option<Instant>,
+    /// Bytes written to the client, head included.
+    pub bytes: u64,
+    /// The response was close-delimited toward the client: the connection must close.
+    pub close_delimited: bool,
+}
+
+/// How the relay ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RelayEnd {
+    /// The whole body reached the client; the upstream connection may be pooled.
+    Done {
+        reusable: bool,
+    },
+    ClientGone,
+    /// The worker died, stalled or broke framing. `sent` says whether any byte reached the
+    /// client: if none did, the caller can still answer with an error.
+    Worker {
+        why: &'static str,
+        sent: bool,
+    },
+}
+
+/// Extra header lines for the client head (`x-smg-routed-worker-id`, …).
+pub type ExtraHeaders<'a> = [(&'a str, &'a [u8])];
+
+/// Resolves when the client closed (true) or sent bytes (false).
 enum Read {
     Data(usize),
     Eof,
     /// The read failed; callers only need to know it ended the body.
     Err,
+    Stalled,
     ClientGone,
 }
 
-/// Appends the next upstream read to `up.buf`.
-async fn read_watching(up: &mut UpstreamConn, client: &TcpStream, watch: &mut bool, quiet: &Cell<u32>) -> Read {
+impl Read {
+    fn from((res, _): &(std::io::Result<usize>, Vec<u8>)) -> Read {
+        match res {
+            Ok(0) => Read::Eof,
+            Ok(n) => Read::Data(*n),
+            Err(_) => Read::Err,
+        }
+    }
+}
+
+/// Appends the next upstream read to `up.buf`, watching the client and the read deadline
+/// once the worker has been silent for [`WATCH_AFTER`].
+async fn read_watching(
+    up: &mut UpstreamConn,
+    client: &TcpStream,
+    watch: &mut bool,
+    quiet: &Cell<u32>,
+    limits: &RelayLimits,
+) -> Read {
     let buf = std::mem::take(&mut up.buf);
     let mut fut = pin!(read_more(&mut up.stream, buf, UPSTREAM_BUF / 2));
-    if *watch {
+    monoio::select! {
+        biased;
+        r = &mut fut => return land(&mut up.buf, r),
+        _ = monoio::time::sleep(WATCH_AFTER) => {}
+    }
+    quiet.set(quiet.get() + 1);
+    let left = idle_left(limits);
+    let mut stalled = pin!(monoio::time::sleep(left));
+    loop {
+        if !*watch {
+            return monoio::select! {
+                biased;
+                r = &mut fut => land(&mut up.buf, r),
+                _ = &mut stalled => Read::Stalled,
+            };
+        }
         monoio::select! {
             biased;
-            r = &mut fut => return finish(&mut up.buf, r),
-            closed = client_left(client, quiet) => {
+            r = &mut fut => return land(&mut up.buf, r),
+            _ = &mut stalled => return Read::Stalled,
+            closed = peer_closed(client) => {
                 if closed {
                     return Read::ClientGone;
                 }
@@ -66,225 +140,222 @@ async fn read_watching(up: &mut UpstreamConn, client: &TcpStream, watch: &mut bo
             }
         }
     }
-    let r = fut.await;
-    finish(&mut up.buf, r)
 }
 
-fn finish(slot: &mut Vec<u8>, (res, buf): (io::Result<usize>, Vec<u8>)) -> Read {
-    *slot = buf;
-    match res {
-        Ok(0) => Read::Eof,
-        Ok(n) => Read::Data(n),
-        Err(_) => Read::Err,
+/// The silence allowed from now: the read deadline, or what is left of the exchange.
+fn idle_left(limits: &RelayLimits) -> Duration {
+    limits.read_idle.min(limits.deadline.saturating_duration_since(Instant::now())).saturating_sub(WATCH_AFTER)
+}
+
+fn land(slot: &mut Vec<u8>, r: (std::io::Result<usize>, Vec<u8>)) -> Read {
+    let read = Read::from(&r);
+    *slot = r.1;
+    read
+}
+
+/// How the body is framed toward the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientFraming {
+    /// `content-length` (or no body): the worker's framing.
+    Length,
+    /// The worker's chunks, byte for byte.
+    Chunked,
+    /// A close-delimited worker body, chunked by us for an HTTP/1.1 client.
+    Rechunk,
+    /// Raw body bytes ended by the close, for an HTTP/1.0 client.
+    Raw,
+}
+
+fn framing(body: ResponseBody, http10: bool) -> ClientFraming {
+    match body {
+        ResponseBody::None | ResponseBody::Length { .. } => ClientFraming::Length,
+        ResponseBody::Chunked if http10 => ClientFraming::Raw,
+        ResponseBody::Chunked => ClientFraming::Chunked,
+        ResponseBody::Close if http10 => ClientFraming::Raw,
+        ResponseBody::Close => ClientFraming::Rechunk,
     }
 }
 
-/// Why no response head arrived.
-pub enum HeadError {
-    ClientGone,
-    /// The worker closed or failed before sending any byte (a stale pooled socket looks
-    /// exactly like this, which is what makes the silent retry safe).
-    NothingReceived(io::Error),
-    /// The worker sent something unusable or stopped mid-head.
-    Bad(&'static str),
-    /// No head within the request timeout.
-    TimedOut,
-}
-
-/// Reads until a final (non-1xx) response head is in `up.buf`, for at most `limit`.
-///
-/// Most heads arrive within [`WATCH_AFTER`], so the fast path arms one timer; only a
-/// silent worker gets the client watch and the request-timeout timer.
-pub async fn read_head(
-    up: &mut UpstreamConn,
-    client: &TcpStream,
-    watch: &mut bool,
-    limit: Duration,
-) -> Result<ResponseHead, HeadError> {
-    let mut head = pin!(read_head_unwatched(up));
-    monoio::select! {
-        biased;
-        r = &mut head => return r,
-        _ = monoio::time::sleep(WATCH_AFTER) => {}
+/// The client's response head: the worker's status line (its phrase kept, the standard one
+/// if it sent none), the headers that may be relayed, framing, `extra`, then the stamp.
+fn client_head(
+    out: &mut Vec<u8>,
+    up: &[u8],
+    h: &ResponseHead,
+    framing: ClientFraming,
+    extra: &ExtraHeaders<'_>,
+    stamp: &Stamp<'_>,
+) {
+    let phrase = &up[h.reason.clone()];
+    out.extend_from_slice(b"HTTP/1.1 ");
+    put_dec(out, h.status as u64);
+    out.push(b' ');
+    if phrase.is_empty() {
+        out.extend_from_slice(reason(h.status).as_bytes());
+    } else {
+        out.extend_from_slice(phrase);
     }
-    let mut expired = pin!(monoio::time::sleep(limit.saturating_sub(WATCH_AFTER)));
-    loop {
-        if !*watch {
-            monoio::select! {
-                biased;
-                r = &mut head => return r,
-                _ = &mut expired => return Err(HeadError::TimedOut),
-            }
-        }
-        monoio::select! {
-            biased;
-            r = &mut head => return r,
-            _ = &mut expired => return Err(HeadError::TimedOut),
-            closed = peer_closed(client) => {
-                if closed {
-                    return Err(HeadError::ClientGone);
-                }
-                // The client pipelined its next request; stop watching, keep waiting.
-                *watch = false;
-            }
-        }
+    out.extend_from_slice(b"\r\n");
+    for (n, v) in &h.relay {
+        out.extend_from_slice(&up[n.clone()]);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(&up[v.clone()]);
+        out.extend_from_slice(b"\r\n");
     }
-}
-
-async fn read_head_unwatched(up: &mut UpstreamConn) -> Result<ResponseHead, HeadError> {
-    let mut received = false;
-    loop {
-        if !up.buf.is_empty() {
-            match parse_response(&up.buf) {
-                Ok(Some(h)) if h.status < 200 => {
-                    up.buf.drain(..h.len);
-                    continue;
-                }
-                Ok(Some(h)) => return Ok(h),
-                Ok(None) => {}
-                Err(e) => return Err(HeadError::Bad(e.0)),
-            }
+    match (h.body, framing) {
+        (ResponseBody::Length { len }, _) => {
+            out.extend_from_slice(b"content-length: ");
+            put_dec(out, len);
+            out.extend_from_slice(b"\r\n");
         }
-        let (res, buf) = read_more(&mut up.stream, std::mem::take(&mut up.buf), UPSTREAM_BUF / 2).await;
-        up.buf = buf;
-        match res {
-            Ok(n) if n > 0 => received = true,
-            Ok(_) if !received => return Err(HeadError::NothingReceived(io::ErrorKind::UnexpectedEof.into())),
-            Err(e) if !received => return Err(HeadError::NothingReceived(e)),
-            _ => return Err(HeadError::Bad("connection closed mid-head")),
+        (ResponseBody::None, _) if h.status != 204 && h.status != 304 => {
+            out.extend_from_slice(b"content-length: 0\r\n")
         }
+        (_, ClientFraming::Chunked | ClientFraming::Rechunk) => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n")
+        }
+        _ => {}
     }
+    for (name, value) in extra {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    stamp.write(out);
+    out.extend_from_slice(b"\r\n");
 }
 
-pub enum RelayEnd {
-    /// The whole body reached the client; the upstream connection may be pooled.
-    Done {
-        reusable: bool,
-    },
-    ClientGone,
-    /// The worker died or broke framing mid-body: the client's response is cut short.
-    UpstreamDied(&'static str),
-}
-
-/// Writes `client_head` plus the body as it arrives. Returns the head buffer for reuse.
-pub async fn relay_body(
+/// Relays the response whose head is at the start of `up.buf` to the client. `out` is a
+/// spare buffer for the client head; it comes back for reuse.
+#[allow(clippy::too_many_arguments)]
+pub async fn relay(
     client: &mut TcpStream,
     up: &mut UpstreamConn,
     head: &ResponseHead,
-    client_head: Vec<u8>,
-    mut watch: bool,
+    extra: &ExtraHeaders<'_>,
+    stamp: Stamp<'_>,
+    mut out: Vec<u8>,
+    watch: bool,
+    limits: RelayLimits,
+    stats: &mut RelayStats,
 ) -> (RelayEnd, Vec<u8>) {
     let start = head.len;
-    match head.body {
-        ResponseBody::None => {
-            let reusable = head.keep_alive && up.buf.len() == start;
-            let (res, h) = write_all(client, client_head).await;
-            (if res.is_ok() { RelayEnd::Done { reusable } } else { RelayEnd::ClientGone }, h)
-        }
-        ResponseBody::Length { len } => {
-            let first = (up.buf.len() - start).min(len as usize);
-            let extra = up.buf.len() - start > first;
-            let buf = std::mem::take(&mut up.buf);
-            let (res, h, buf) = Pair::write(client, client_head, buf, start, start + first).await;
-            up.buf = buf;
-            if res.is_err() {
-                return (RelayEnd::ClientGone, h);
-            }
-            let end = relay_rest(client, up, BodyLeft::Length(len - first as u64), extra, watch).await;
-            (end.reusable_if(head.keep_alive), h)
-        }
-        ResponseBody::Chunked => {
-            let mut dec = ChunkedDecoder::new();
-            let used = match dec.feed(&up.buf[start..], None) {
-                Ok(n) => n,
-                Err(e) => return (RelayEnd::UpstreamDied(e.0), client_head),
-            };
-            let extra = start + used < up.buf.len();
-            let buf = std::mem::take(&mut up.buf);
-            let (res, h, buf) = Pair::write(client, client_head, buf, start, start + used).await;
-            up.buf = buf;
-            if res.is_err() {
-                return (RelayEnd::ClientGone, h);
-            }
-            let end = relay_rest(client, up, BodyLeft::Chunked(dec), extra, watch).await;
-            (end.reusable_if(head.keep_alive), h)
-        }
-        ResponseBody::Close => {
-            // Re-framed as chunked so the client connection survives; rare (HTTP/1.0 workers).
-            let mut out = client_head;
-            let quiet = Cell::new(0);
-            frame_chunk(&mut out, &up.buf[start..]);
-            loop {
-                let (res, o) = write_all(client, out).await;
-                out = o;
-                if res.is_err() {
-                    return (RelayEnd::ClientGone, out);
-                }
-                out.clear();
-                up.buf.clear();
-                match read_watching(up, client, &mut watch, &quiet).await {
-                    Read::Data(n) => frame_chunk(&mut out, &up.buf[..n]),
-                    Read::Eof => {
-                        let (res, o) = write_all(client, b"0\r\n\r\n".to_vec()).await;
-                        return (
-                            if res.is_ok() { RelayEnd::Done { reusable: false } } else { RelayEnd::ClientGone },
-                            o,
-                        );
-                    }
-                    Read::ClientGone => return (RelayEnd::ClientGone, out),
-                    Read::Err => return (RelayEnd::UpstreamDied("read error"), out),
-                }
-            }
-        }
+    let framing = framing(head.body, stamp.http10);
+    let stamp = Stamp { close: stamp.close || framing == ClientFraming::Raw, ..stamp };
+    stats.close_delimited = framing == ClientFraming::Raw;
+    out.clear();
+    client_head(&mut out, &up.buf, head, framing, extra, &stamp);
+    let mut left = match (head.body, framing) {
+        (ResponseBody::None, _) => BodyLeft::Length(0),
+        (ResponseBody::Length { len }, _) => BodyLeft::Length(len),
+        (ResponseBody::Chunked, ClientFraming::Chunked) => BodyLeft::Chunked(ChunkedDecoder::new()),
+        (ResponseBody::Chunked, _) => BodyLeft::Dechunk(ChunkedDecoder::new()),
+        (ResponseBody::Close, ClientFraming::Rechunk) => BodyLeft::UntilClose { rechunk: true },
+        (ResponseBody::Close, _) => BodyLeft::UntilClose { rechunk: false },
+    };
+    // The body bytes that came with the head: checked before the head goes out, so a worker
+    // whose framing is broken from its first byte still gets the client a 502.
+    let mut transformed = Vec::new();
+    let first = match left.take(&up.buf[start..], &mut transformed) {
+        Ok(t) => t,
+        Err(why) => return (RelayEnd::Worker { why, sent: false }, out),
+    };
+    let extra_bytes = start + first.used < up.buf.len();
+    let written = if left.passes_through() {
+        let buf = std::mem::take(&mut up.buf);
+        let (res, h, buf) = Writev2::write(client, out, buf, start, start + first.used).await;
+        up.buf = buf;
+        out = h;
+        stats.bytes += (out.len() + first.used) as u64;
+        res
+    } else {
+        // Transformed framings (rare: HTTP/1.0 clients, close-delimited workers) copy.
+        out.extend_from_slice(&transformed);
+        let (res, h) = write_all(client, out).await;
+        out = h;
+        stats.bytes += out.len() as u64;
+        res
+    };
+    if written.is_err() {
+        return (RelayEnd::ClientGone, out);
     }
+    stats.first_byte = Some(Instant::now());
+    let end = relay_rest(client, up, left, extra_bytes, watch, &limits, stats).await;
+    let end = match end {
+        RelayEnd::Done { reusable } => RelayEnd::Done { reusable: reusable && head.keep_alive },
+        other => other,
+    };
+    (end, out)
 }
 
-impl RelayEnd {
-    /// `Done` as computed by the body loop says whether bytes followed the body; the
-    /// connection is reusable only if the worker also allowed keep-alive.
-    fn reusable_if(self, keep_alive: bool) -> RelayEnd {
-        match self {
-            RelayEnd::Done { reusable } => RelayEnd::Done { reusable: reusable && keep_alive },
-            other => other,
-        }
-    }
+/// What one read contributed to the body.
+struct Taken {
+    /// Leading bytes of the input that belong to the body.
+    used: usize,
 }
 
 /// What is left of a response body, by its framing.
 enum BodyLeft {
     Length(u64),
+    /// Chunked, passed through: the decoder only finds the end.
     Chunked(ChunkedDecoder),
+    /// Chunked, decoded for an HTTP/1.0 client.
+    Dechunk(ChunkedDecoder),
+    /// Until the worker closes; chunked by us or raw.
+    UntilClose {
+        rechunk: bool,
+    },
 }
 
 impl BodyLeft {
     fn done(&self) -> bool {
         match self {
             BodyLeft::Length(n) => *n == 0,
-            BodyLeft::Chunked(d) => d.is_done(),
+            BodyLeft::Chunked(d) | BodyLeft::Dechunk(d) => d.is_done(),
+            BodyLeft::UntilClose { .. } => false,
         }
     }
 
-    /// How many leading bytes of `data` belong to the body (the rest is past its end).
-    fn feed(&mut self, data: &[u8]) -> Result<usize, &'static str> {
+    /// The worker's bytes reach the client as they are.
+    fn passes_through(&self) -> bool {
+        matches!(self, BodyLeft::Length(_) | BodyLeft::Chunked(_))
+    }
+
+    /// Takes the body's part of `data`; for transformed framings, appends what the client
+    /// gets to `out`.
+    fn take(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<Taken, &'static str> {
         match self {
             BodyLeft::Length(n) => {
                 let take = (data.len() as u64).min(*n);
                 *n -= take;
-                Ok(take as usize)
+                Ok(Taken { used: take as usize })
             }
-            BodyLeft::Chunked(d) => d.feed(data, None).map_err(|e| e.0),
+            BodyLeft::Chunked(d) => d.feed(data, None).map(|used| Taken { used }).map_err(|e| e.0),
+            BodyLeft::Dechunk(d) => d.feed(data, Some(out)).map(|used| Taken { used }).map_err(|e| e.0),
+            BodyLeft::UntilClose { rechunk } => {
+                if *rechunk {
+                    frame_chunk(out, data);
+                } else {
+                    out.extend_from_slice(data);
+                }
+                Ok(Taken { used: data.len() })
+            }
         }
     }
 
-    fn cut_short(&self) -> &'static str {
+    /// The worker closed: the end of the body, or a body cut short.
+    fn at_eof(&self) -> Result<&'static [u8], &'static str> {
         match self {
-            BodyLeft::Length(_) => "closed before the end of its body",
-            BodyLeft::Chunked(_) => "closed mid-stream",
+            BodyLeft::UntilClose { rechunk: true } => Ok(b"0\r\n\r\n"),
+            BodyLeft::UntilClose { rechunk: false } => Ok(b""),
+            BodyLeft::Length(_) => Err("closed before the end of its body"),
+            BodyLeft::Chunked(_) | BodyLeft::Dechunk(_) => Err("closed mid-stream"),
         }
     }
 }
 
-/// Relays the rest of a framed body, each read written before the next. `extra` says bytes
+/// Relays the rest of a body, each read written before the next. `extra` says bytes
 /// already followed the body. The returned `Done` carries "nothing followed the body".
 async fn relay_rest(
     client: &mut TcpStream,
@@ -292,18 +363,24 @@ async fn relay_rest(
     mut left: BodyLeft,
     mut extra: bool,
     mut watch: bool,
+    limits: &RelayLimits,
+    stats: &mut RelayStats,
 ) -> RelayEnd {
     // The first quiet read is usually time to first token; a second one means the worker
     // streams with gaps over WATCH_AFTER, and holding one watch pays off from then on.
     let quiet = Cell::new(0);
     let mut can_hold_watch = true;
+    let mut out = Vec::new();
     while !left.done() {
-        if watch && quiet.get() >= 2 && can_hold_watch {
-            match watch_handle(client) {
-                Ok(handle) => match relay_watched(client, &handle, up, &mut left, &mut extra).await {
+        if Instant::now() >= limits.deadline {
+            return RelayEnd::Worker { why: "still sending at --request-timeout-secs", sent: true };
+        }
+        if watch && quiet.get() >= 2 && can_hold_watch && left.passes_through() {
+            match dup_stream(client) {
+                Ok(handle) => match relay_watched(client, &handle, up, &mut left, &mut extra, limits, stats).await {
                     Watched::Done => break,
                     Watched::ClientGone => return RelayEnd::ClientGone,
-                    Watched::Died(why) => return RelayEnd::UpstreamDied(why),
+                    Watched::Died(why) => return RelayEnd::Worker { why, sent: true },
                     Watched::Pipelined => watch = false,
                 },
                 // Out of descriptors: keep re-arming per read, which needs none.
@@ -312,14 +389,20 @@ async fn relay_rest(
             continue;
         }
         up.buf.clear();
-        let n = match read_watching(up, client, &mut watch, &quiet).await {
+        let n = match read_watching(up, client, &mut watch, &quiet, limits).await {
             Read::Data(n) => n,
             Read::ClientGone => return RelayEnd::ClientGone,
-            Read::Eof | Read::Err => return RelayEnd::UpstreamDied(left.cut_short()),
+            Read::Stalled => return RelayEnd::Worker { why: "stalled mid-body", sent: true },
+            Read::Eof | Read::Err => match left.at_eof() {
+                Ok(tail) => {
+                    let (res, _) = write_all(client, tail.to_vec()).await;
+                    return if res.is_ok() { RelayEnd::Done { reusable: false } } else { RelayEnd::ClientGone };
+                }
+                Err(why) => return RelayEnd::Worker { why, sent: true },
+            },
         };
-        match forward_read(client, up, n, &mut left, &mut extra).await {
-            Some(end) => return end,
-            None => continue,
+        if let Some(end) = forward_read(client, up, n, &mut left, &mut extra, &mut out, stats).await {
+            return end;
         }
     }
     RelayEnd::Done { reusable: !extra }
@@ -332,31 +415,27 @@ async fn forward_read(
     n: usize,
     left: &mut BodyLeft,
     extra: &mut bool,
+    out: &mut Vec<u8>,
+    stats: &mut RelayStats,
 ) -> Option<RelayEnd> {
-    let used = match left.feed(&up.buf[..n]) {
-        Ok(u) => u,
-        Err(e) => return Some(RelayEnd::UpstreamDied(e)),
+    out.clear();
+    let used = match left.take(&up.buf[..n], out) {
+        Ok(t) => t.used,
+        Err(why) => return Some(RelayEnd::Worker { why, sent: true }),
     };
     *extra |= used < n;
-    let (res, buf) = write_range(client, std::mem::take(&mut up.buf), 0, used).await;
-    up.buf = buf;
+    let res = if left.passes_through() {
+        let (res, buf) = write_range(client, std::mem::take(&mut up.buf), 0, used).await;
+        up.buf = buf;
+        stats.bytes += used as u64;
+        res
+    } else {
+        let (res, o) = write_all(client, std::mem::take(out)).await;
+        stats.bytes += o.len() as u64;
+        *out = o;
+        res
+    };
     res.is_err().then_some(RelayEnd::ClientGone)
-}
-
-/// A second descriptor for the client socket (`dup`), registered with the reactor on its
-/// own. A watch armed on it can stay pending while the relay writes through `client`,
-/// which monoio's writes need exclusively. One dup, registration and close per slow
-/// response, instead of a PollAdd and its cancel per event.
-fn watch_handle(client: &TcpStream) -> io::Result<TcpStream> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // SAFETY: dup of a descriptor we own; the new one is owned by the std stream at once.
-    let fd = unsafe { libc::fcntl(client.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let std = unsafe { std::net::TcpStream::from_raw_fd(fd) };
-    TcpStream::from_std(std)
 }
 
 /// How a stretch of watched relaying ended.
@@ -370,23 +449,28 @@ enum Watched {
 
 /// Relays with one client watch, on `handle`, armed for the whole stretch. The upstream
 /// read is never cancelled for a pipelined client (its bytes would be lost); it is only
-/// dropped, with the whole connection, when the client has gone.
+/// dropped, with the whole connection, when the client has gone or the worker stalled.
 async fn relay_watched(
     client: &mut TcpStream,
     handle: &TcpStream,
     up: &mut UpstreamConn,
     left: &mut BodyLeft,
     extra: &mut bool,
+    limits: &RelayLimits,
+    stats: &mut RelayStats,
 ) -> Watched {
     let mut gone = pin!(peer_closed(handle));
+    let mut out = Vec::new();
     while !left.done() {
         up.buf.clear();
         let (read, pipelined) = {
             let buf = std::mem::take(&mut up.buf);
             let mut fut = pin!(read_more(&mut up.stream, buf, UPSTREAM_BUF / 2));
+            let stalled = monoio::time::sleep(idle_left(limits) + WATCH_AFTER);
             let first = monoio::select! {
                 biased;
                 r = &mut fut => Some(r),
+                _ = stalled => return Watched::Died("stalled mid-body"),
                 closed = &mut gone => {
                     if closed {
                         return Watched::ClientGone;
@@ -399,13 +483,13 @@ async fn relay_watched(
                 Some(r) => r,
                 None => fut.await,
             };
-            (finish(&mut up.buf, r), pipelined)
+            (land(&mut up.buf, r), pipelined)
         };
         let Read::Data(n) = read else {
-            return Watched::Died(left.cut_short());
+            return Watched::Died(left.at_eof().err().unwrap_or("closed mid-stream"));
         };
-        match forward_read(client, up, n, left, extra).await {
-            Some(RelayEnd::UpstreamDied(why)) => return Watched::Died(why),
+        match forward_read(client, up, n, left, extra, &mut out, stats).await {
+            Some(RelayEnd::Worker { why, .. }) => return Watched::Died(why),
             Some(_) => return Watched::ClientGone,
             None if pipelined => return Watched::Pipelined,
             None => {}

@@ -1,21 +1,26 @@
 //! Boot: pin one monoio reactor per core, each with its own SO_REUSEPORT listener; start
 //! the worker control thread; turn SIGTERM/SIGINT into a drain; exit when shards are done.
 
-pub mod io;
-pub mod shard;
+mod accept;
 
 use std::rc::Rc;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::config::Config;
-use crate::workers::{health, Snapshot};
-use shard::{Shard, ShardMsg};
+use crate::config::{Config, Host};
+use crate::shard::{Shard, ShardMsg};
+use crate::workers::{health, Registry, Snapshot};
 
 /// Cores this process may run on (respects taskset/cpusets).
 pub fn allowed_cores() -> Vec<core_affinity::CoreId> {
     core_affinity::get_core_ids().unwrap_or_default()
+}
+
+/// What the configuration needs to know about this machine. Raises the soft descriptor
+/// limit to the hard one on the way (once, before any shard starts).
+pub fn host() -> Host {
+    Host { cores: allowed_cores().len().max(1), descriptors: crate::io::raise_descriptor_limit() }
 }
 
 /// One shard's reactor: monoio's fusion driver (io_uring where the kernel allows, epoll
@@ -60,6 +65,43 @@ fn wait_signal(set: &libc::sigset_t) -> i32 {
     sig
 }
 
+/// What one shard thread is handed.
+struct ShardStart {
+    index: usize,
+    core: Option<core_affinity::CoreId>,
+    cfg: Arc<Config>,
+    registry: Registry,
+    events: flume::Sender<health::WorkerEvent>,
+    peers: Vec<flume::Sender<ShardMsg>>,
+    inbox: flume::Receiver<ShardMsg>,
+}
+
+/// A shard thread: pin, build the reactor, bind, report ready, serve until drained.
+fn shard_main(s: ShardStart, ready: flume::Sender<Result<(), String>>) {
+    if let Some(core) = s.core {
+        core_affinity::set_for_current(core);
+    }
+    let mut rt = match build_runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready.send(Err(format!("shard {}: runtime: {e}", s.index)));
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let listener = match crate::io::bind(s.cfg.listen) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready.send(Err(format!("cannot listen on {}: {e}", s.cfg.listen)));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        let shard = Rc::new(Shard::new(s.index, s.cfg, s.registry, s.events, s.peers));
+        accept::serve(shard, listener, s.inbox).await;
+    });
+}
+
 /// Runs the gateway until SIGTERM/SIGINT and the drain that follows. Err = start failed.
 pub fn run(cfg: Config) -> Result<(), String> {
     let sigset = block_signals();
@@ -79,34 +121,19 @@ pub fn run(cfg: Config) -> Result<(), String> {
     for (index, rx) in receivers.into_iter().enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
         let peers: Vec<_> = inboxes.iter().enumerate().filter(|(i, _)| *i != index).map(|(_, tx)| tx.clone()).collect();
-        let (cfg, registry, events, ready) =
-            (Arc::clone(&cfg), Arc::clone(&registry), events.clone(), ready_tx.clone());
+        let shard_cfg = ShardStart {
+            index,
+            core,
+            cfg: Arc::clone(&cfg),
+            registry: Arc::clone(&registry),
+            events: events.clone(),
+            peers,
+            inbox: rx,
+        };
+        let ready = ready_tx.clone();
         let t = std::thread::Builder::new()
             .name(format!("smg-shard-{index}"))
-            .spawn(move || {
-                if let Some(core) = core {
-                    core_affinity::set_for_current(core);
-                }
-                let mut rt = match build_runtime() {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready.send(Err(format!("shard {index}: runtime: {e}")));
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let listener = match shard::bind(cfg.listen) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            let _ = ready.send(Err(format!("cannot listen on {}: {e}", cfg.listen)));
-                            return;
-                        }
-                    };
-                    let _ = ready.send(Ok(()));
-                    let shard = Rc::new(Shard::new(index, cfg, registry, events, peers));
-                    shard.serve(listener, rx).await;
-                });
-            })
+            .spawn(move || shard_main(shard_cfg, ready))
             .map_err(|e| format!("spawn shard: {e}"))?;
         threads.push(t);
     }

@@ -8,12 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{probe, Registry, Snapshot, Worker, WorkerUrl};
+use super::{probe, Registry, Snapshot, Worker, WorkerId, WorkerUrl};
 
 /// Shard → control: something a shard saw that needs a re-probe.
 #[derive(Debug, Clone, Copy)]
 pub enum WorkerEvent {
-    ConnectFailed(usize),
+    ConnectFailed(WorkerId),
 }
 
 const DOWN_RETRY: Duration = Duration::from_secs(1);
@@ -64,7 +64,7 @@ pub fn start(urls: Vec<WorkerUrl>, registry: Registry, times: ProbeTimes) -> flu
         .name("smg-events".into())
         .spawn(move || {
             while let Ok(WorkerEvent::ConnectFailed(id)) = event_rx.recv() {
-                if let Some(k) = kicks.get(id) {
+                if let Some(k) = kicks.get(id.index()) {
                     let _ = k.try_send(());
                 }
             }
@@ -76,7 +76,13 @@ pub fn start(urls: Vec<WorkerUrl>, registry: Registry, times: ProbeTimes) -> flu
             let mut workers: Vec<Worker> = urls
                 .into_iter()
                 .enumerate()
-                .map(|(id, url)| Worker { id, url, model: None, healthy: false, engine_load: None })
+                .map(|(id, url)| Worker {
+                    id: WorkerId(id as u32),
+                    url,
+                    model: None,
+                    healthy: false,
+                    engine_load: None,
+                })
                 .collect();
             let mut generation = 0u64;
             while let Ok(u) = update_rx.recv() {

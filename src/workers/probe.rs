@@ -10,7 +10,7 @@ use std::time::Duration;
 use sonic_rs::JsonValueTrait;
 
 use super::WorkerUrl;
-use crate::http::chunked::ChunkedDecoder;
+use smg_wire::chunked::ChunkedDecoder;
 
 /// Largest probe response we read.
 const MAX_PROBE_RESPONSE: usize = 1 << 20;

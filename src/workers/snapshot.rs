@@ -1,20 +1,20 @@
 //! The Snapshot: the one thing the control thread publishes to every shard (via arc-swap).
 //!
 //! It is immutable; a change builds a new one. Shards keep a shard-local `Rc` of the
-//! current Arc (see runtime::shard::SnapshotCache) so no request touches a shared refcount.
+//! current Arc (see `shard::SnapshotCache`) so no request touches a shared refcount.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::WorkerUrl;
+use super::{WorkerId, WorkerUrl};
 
 pub type Registry = Arc<ArcSwap<Snapshot>>;
 
 #[derive(Debug, Clone)]
 pub struct Worker {
-    pub id: usize,
+    pub id: WorkerId,
     pub url: WorkerUrl,
     /// The model id the worker reported; None until it first answered.
     pub model: Option<String>,
@@ -28,10 +28,11 @@ pub struct Worker {
 pub struct Snapshot {
     /// Bumped on every publish; routing uses it to skip re-fingerprinting worker lists.
     pub generation: u64,
+    /// Every registered worker, in registration order (so sorted by id).
     pub workers: Vec<Worker>,
-    /// Model id → ids of its healthy workers in registration order (a model whose workers
-    /// are all down keeps an empty list), and every healthy worker: computed once per
-    /// publish so a request neither filters nor allocates them.
+    /// Model id → positions in `workers` of its healthy workers (a model whose workers are
+    /// all down keeps an empty list), and every healthy worker: computed once per publish
+    /// so a request neither filters nor allocates them.
     healthy_by_model: HashMap<String, Vec<usize>>,
     healthy: Vec<usize>,
     /// Pre-rendered GET /v1/models body; None when no worker serves any model.
@@ -43,7 +44,7 @@ pub enum Candidates<'a> {
     UnknownModel,
     /// Workers serve it, but none is healthy now.
     AllDown,
-    /// Ids (indexes into `workers`) of the healthy workers that serve it.
+    /// Positions in `workers` of the healthy workers that serve it.
     Healthy(&'a [usize]),
 }
 
@@ -51,15 +52,16 @@ pub enum Candidates<'a> {
 
 impl Snapshot {
     pub fn new(generation: u64, workers: Vec<Worker>) -> Self {
+        debug_assert!(workers.windows(2).all(|p| p[0].id < p[1].id), "workers sorted by id");
         let mut by_model: HashMap<String, Vec<usize>> = HashMap::new();
         let mut models: Vec<&str> = Vec::new();
-        for w in &workers {
+        for (pos, w) in workers.iter().enumerate() {
             if let Some(m) = &w.model {
                 let ids = by_model.entry(m.clone()).or_default();
                 if ids.is_empty() {
                     models.push(m);
                 }
-                ids.push(w.id);
+                ids.push(pos);
             }
         }
         // Listed models are those with at least one routable worker.
@@ -70,8 +72,13 @@ impl Snapshot {
             .iter()
             .map(|(m, ids)| (m.clone(), ids.iter().copied().filter(|id| workers[*id].healthy).collect()))
             .collect();
-        let healthy = workers.iter().filter(|w| w.healthy).map(|w| w.id).collect();
+        let healthy = (0..workers.len()).filter(|&p| workers[p].healthy).collect();
         Snapshot { generation, workers, healthy_by_model, healthy, models_body }
+    }
+
+    /// The worker registered under `id`, if it still is.
+    pub fn worker(&self, id: WorkerId) -> Option<&Worker> {
+        self.workers.binary_search_by_key(&id, |w| w.id).ok().map(|p| &self.workers[p])
     }
 
     /// Healthy workers for `model`; with no model, every healthy worker.
@@ -111,7 +118,7 @@ mod tests {
 
     fn w(id: usize, model: Option<&str>, healthy: bool) -> Worker {
         Worker {
-            id,
+            id: WorkerId(id as u32),
             url: WorkerUrl::parse(&format!("http://127.0.0.1:{}", 1000 + id)).unwrap(),
             model: model.map(Into::into),
             healthy,
@@ -137,5 +144,7 @@ mod tests {
             _ => panic!(),
         }
         assert!(Snapshot::new(1, vec![w(0, None, false)]).models_body.is_none());
+        assert_eq!(s.worker(WorkerId(2)).map(|w| w.healthy), Some(false));
+        assert!(s.worker(WorkerId(9)).is_none());
     }
 }

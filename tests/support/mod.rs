@@ -1,6 +1,7 @@
 //! Test fixtures: the real `smg` binary on loopback, a scriptable fake worker, and a raw
 //! HTTP/1.1 client. Every test builds its own world on ephemeral ports.
 #![allow(dead_code)]
+pub mod rogue;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

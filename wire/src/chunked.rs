@@ -7,6 +7,8 @@
 
 /// Longest chunk extension we skip before calling the framing malformed.
 const MAX_EXTENSION: usize = 1024;
+/// Most hex digits in a chunk size, leading zeros included.
+const MAX_SIZE_DIGITS: u8 = 32;
 /// Largest trailer section we skip.
 const MAX_TRAILERS: usize = 8 * 1024;
 
@@ -101,8 +103,13 @@ impl ChunkedDecoder {
             self.state = match self.state {
                 State::Size { size, digits } => match hex(b) {
                     Some(d) => {
-                        if digits >= 15 {
+                        // Leading zeros are legal (RFC 9112 §7.1): the cap is on the value,
+                        // plus a bound on the digits so a line of zeros cannot run forever.
+                        if size >= 1 << 56 {
                             return Err(ChunkError("chunk size too large"));
+                        }
+                        if digits >= MAX_SIZE_DIGITS {
+                            return Err(ChunkError("chunk size line too long"));
                         }
                         State::Size { size: size << 4 | u64::from(d), digits: digits + 1 }
                     }
@@ -250,5 +257,21 @@ mod tests {
         let mut d = ChunkedDecoder::new();
         let ext = [b"1;".to_vec(), vec![b'a'; MAX_EXTENSION + 1]].concat();
         assert!(d.feed(&ext, None).is_err());
+    }
+
+    #[test]
+    fn leading_zeros_are_sizes_too() {
+        let mut d = ChunkedDecoder::new();
+        let mut out = Vec::new();
+        let wire = b"0005\r\nhello\r\n0000000000000000000000001\r\n!\r\n000\r\n\r\n";
+        assert_eq!(d.feed(wire, Some(&mut out)).unwrap(), wire.len());
+        assert!(d.is_done());
+        assert_eq!(out, b"hello!");
+        let mut d = ChunkedDecoder::new();
+        let zeros = [vec![b'0'; MAX_SIZE_DIGITS as usize + 1], b"5\r\n".to_vec()].concat();
+        assert!(d.feed(&zeros, None).is_err());
+        // 2^60 does not fit the cap; 2^56 - 1 does.
+        assert!(ChunkedDecoder::new().feed(b"1000000000000000\r\n", None).is_err());
+        assert!(ChunkedDecoder::new().feed(b"00ffffffffffffff\r\n", None).is_ok());
     }
 }

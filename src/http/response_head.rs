@@ -1,83 +1,20 @@
-//! Upstream side: per-shard, per-worker keep-alive pools, and the response head parser.
-//!
-//! The pool is LIFO (the most recently used socket is the one most likely still open) and
-//! forgets connections idle longer than `--upstream-pool-idle-timeout-secs` (default 3 s,
-//! shorter than engines' 5 s keep-alive so we close first and rarely race their close).
+//! Worker response heads: reading one (with the client watched while the worker is silent),
+//! parsing it (httparse plus the framing rules), and which headers reach the client.
 
-use std::cell::RefCell;
+use std::io;
 use std::ops::Range;
-use std::time::{Duration, Instant};
+use std::pin::pin;
+use std::time::Duration;
 
 use monoio::net::TcpStream;
 
-/// Read buffer size of an upstream connection.
-pub const UPSTREAM_BUF: usize = 16 * 1024;
+use super::head::offset;
+use super::pool::{UpstreamConn, UPSTREAM_BUF};
+use super::relay::WATCH_AFTER;
+use crate::io::{peer_closed, read_more};
+
 /// Largest worker response head we accept.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-
-pub struct UpstreamConn {
-    pub stream: TcpStream,
-    /// Read buffer, owned by the connection so it travels through the pool with it.
-    pub buf: Vec<u8>,
-    idle_since: Instant,
-    /// Came from the pool: a failure before any response byte may be a stale socket.
-    pub reused: bool,
-}
-
-pub async fn connect(addr: std::net::SocketAddr) -> std::io::Result<UpstreamConn> {
-    let stream = TcpStream::connect_addr(addr).await?;
-    crate::runtime::io::nodelay(&stream);
-    Ok(UpstreamConn { stream, buf: Vec::with_capacity(UPSTREAM_BUF), idle_since: Instant::now(), reused: false })
-}
-
-/// Idle connections of one shard, indexed by worker id.
-pub struct Pool {
-    idle: RefCell<Vec<Vec<UpstreamConn>>>,
-    idle_timeout: Duration,
-}
-
-// === impl Pool ===
-
-impl Pool {
-    pub fn new(idle_timeout: Duration) -> Self {
-        Self { idle: RefCell::new(Vec::new()), idle_timeout }
-    }
-
-    pub fn take(&self, worker: usize) -> Option<UpstreamConn> {
-        let mut idle = self.idle.borrow_mut();
-        let list = idle.get_mut(worker)?;
-        let now = Instant::now();
-        while let Some(mut c) = list.pop() {
-            if now.duration_since(c.idle_since) < self.idle_timeout {
-                c.reused = true;
-                return Some(c);
-            }
-            // The newest is too old, so every older one is too.
-            list.clear();
-        }
-        None
-    }
-
-    pub fn put(&self, worker: usize, mut conn: UpstreamConn) {
-        conn.buf.clear();
-        conn.idle_since = Instant::now();
-        let mut idle = self.idle.borrow_mut();
-        if idle.len() <= worker {
-            idle.resize_with(worker + 1, Vec::new);
-        }
-        idle[worker].push(conn);
-    }
-
-    /// Closes connections idle past the timeout (oldest sit at the front).
-    pub fn sweep(&self) {
-        let now = Instant::now();
-        for list in self.idle.borrow_mut().iter_mut() {
-            let keep_from =
-                list.iter().position(|c| now.duration_since(c.idle_since) < self.idle_timeout).unwrap_or(list.len());
-            list.drain(..keep_from);
-        }
-    }
-}
 
 /// How a worker's response body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,11 +63,6 @@ fn dropped(name: &[u8]) -> bool {
     DROP.iter().any(|d| name.eq_ignore_ascii_case(d)) || name.eq_ignore_ascii_case(b"x-request-id")
 }
 
-fn range(buf: &[u8], part: &[u8]) -> Range<usize> {
-    let s = part.as_ptr() as usize - buf.as_ptr() as usize;
-    s..s + part.len()
-}
-
 /// Parses a worker response head; Ok(None) = need more bytes. 1xx heads are skipped by
 /// the caller (they come back with `status < 200`).
 pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
@@ -145,7 +77,7 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
         Err(_) => return Err(BadResponse("malformed response head")),
     };
     let status = resp.code.unwrap_or(0);
-    let reason = range(buf, resp.reason.unwrap_or("").as_bytes());
+    let reason = offset(buf, resp.reason.unwrap_or("").as_bytes());
     let mut keep_alive = resp.version == Some(1);
     let mut chunked = false;
     let mut length: Option<u64> = None;
@@ -179,7 +111,7 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
             }
         }
         if !dropped(name) {
-            relay.push((range(buf, name), range(buf, h.value)));
+            relay.push((offset(buf, name), offset(buf, h.value)));
         }
     }
     let body = if status < 200 || status == 204 || status == 304 {
@@ -197,6 +129,84 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
         ResponseBody::Close
     };
     Ok(Some(ResponseHead { len: n, status, reason, body, keep_alive, relay }))
+}
+
+/// Why no response head arrived.
+#[derive(Debug)]
+pub enum HeadError {
+    ClientGone,
+    /// The worker closed or failed before sending any byte (a stale pooled socket looks
+    /// exactly like this, which is what makes a retry on a fresh connection safe).
+    NothingReceived(io::Error),
+    /// The worker sent something unusable or stopped mid-head.
+    Bad(&'static str),
+    /// No head within the request timeout.
+    TimedOut,
+}
+
+/// Reads until a final (non-1xx) response head is in `up.buf`, for at most `limit`.
+///
+/// Most heads arrive within [`WATCH_AFTER`], so the fast path arms one timer; only a
+/// silent worker gets the client watch and the request-timeout timer.
+pub async fn read_response_head(
+    up: &mut UpstreamConn,
+    client: &TcpStream,
+    watch: &mut bool,
+    limit: Duration,
+) -> Result<ResponseHead, HeadError> {
+    let mut head = pin!(read_unwatched(up));
+    monoio::select! {
+        biased;
+        r = &mut head => return r,
+        _ = monoio::time::sleep(WATCH_AFTER) => {}
+    }
+    let mut expired = pin!(monoio::time::sleep(limit.saturating_sub(WATCH_AFTER)));
+    loop {
+        if !*watch {
+            monoio::select! {
+                biased;
+                r = &mut head => return r,
+                _ = &mut expired => return Err(HeadError::TimedOut),
+            }
+        }
+        monoio::select! {
+            biased;
+            r = &mut head => return r,
+            _ = &mut expired => return Err(HeadError::TimedOut),
+            closed = peer_closed(client) => {
+                if closed {
+                    return Err(HeadError::ClientGone);
+                }
+                // The client pipelined its next request; stop watching, keep waiting.
+                *watch = false;
+            }
+        }
+    }
+}
+
+async fn read_unwatched(up: &mut UpstreamConn) -> Result<ResponseHead, HeadError> {
+    let mut received = false;
+    loop {
+        if !up.buf.is_empty() {
+            match parse_response(&up.buf) {
+                Ok(Some(h)) if h.status < 200 => {
+                    up.buf.drain(..h.len);
+                    continue;
+                }
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => {}
+                Err(e) => return Err(HeadError::Bad(e.0)),
+            }
+        }
+        let (res, buf) = read_more(&mut up.stream, std::mem::take(&mut up.buf), UPSTREAM_BUF / 2).await;
+        up.buf = buf;
+        match res {
+            Ok(n) if n > 0 => received = true,
+            Ok(_) if !received => return Err(HeadError::NothingReceived(io::ErrorKind::UnexpectedEof.into())),
+            Err(e) if !received => return Err(HeadError::NothingReceived(e)),
+            _ => return Err(HeadError::Bad("connection closed mid-head")),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,261 @@
+//! The ground floor: every monoio I/O call and every libc socket call the data plane makes,
+//! so the layers above speak in buffers and outcomes, and a runtime swap changes this file.
+//!
+//! Buffers are rented to the kernel and handed back (monoio's BufResult): each helper takes a
+//! Vec by value and returns it with the result. A helper wrapped in a deadline that expires
+//! drops its in-flight operation; monoio keeps the buffer alive until the kernel lets go and
+//! the caller gets a fresh one (only on error paths, which then close the connection).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::time::Duration;
+
+use monoio::buf::{IoBuf, IoBufMut, IoVecBuf};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+pub use monoio::net::TcpListener;
+
+/// Reads more bytes, appending to `buf` (grows it so at least `min_spare` bytes fit).
+pub async fn read_more(s: &mut TcpStream, mut buf: Vec<u8>, min_spare: usize) -> (io::Result<usize>, Vec<u8>) {
+    if buf.capacity() - buf.len() < min_spare {
+        buf.reserve(min_spare);
+    }
+    let len = buf.len();
+    let cap = buf.capacity();
+    let (res, slice) = s.read(buf.slice_mut(len..cap)).await;
+    (res, slice.into_inner())
+}
+
+/// How a read with a deadline ended.
+pub enum Timed<T> {
+    Done(T),
+    Expired,
+}
+
+/// [`read_more`] that gives up after `limit`. On expiry the buffer stays with the cancelled
+/// operation and an empty one comes back.
+pub async fn read_more_within(
+    s: &mut TcpStream,
+    buf: Vec<u8>,
+    min_spare: usize,
+    limit: Duration,
+) -> (Timed<io::Result<usize>>, Vec<u8>) {
+    match monoio::time::timeout(limit, read_more(s, buf, min_spare)).await {
+        Ok((res, buf)) => (Timed::Done(res), buf),
+        Err(_) => (Timed::Expired, Vec::new()),
+    }
+}
+
+/// Writes all of `buf`.
+pub async fn write_all(s: &mut TcpStream, buf: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
+    let (res, buf) = s.write_all(buf).await;
+    (res.map(|_| ()), buf)
+}
+
+/// Writes `buf[start..end]` completely.
+pub async fn write_range(s: &mut TcpStream, buf: Vec<u8>, start: usize, end: usize) -> (io::Result<()>, Vec<u8>) {
+    if start == end {
+        return (Ok(()), buf);
+    }
+    let (res, slice) = s.write_all(buf.slice(start..end)).await;
+    (res.map(|_| ()), slice.into_inner())
+}
+
+/// Two owned buffers written with one `writev`: a head we built and a range of a buffer
+/// we received (a request body, or the first body bytes of a response). The iovec array
+/// lives in a Box so its address is stable while the kernel holds it.
+pub struct Writev2 {
+    a: Vec<u8>,
+    b: Vec<u8>,
+    iov: Box<[libc::iovec; 2]>,
+}
+
+unsafe impl IoVecBuf for Writev2 {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        let first = if self.iov[0].iov_len == 0 { 1 } else { 0 };
+        // SAFETY: index 0 or 1 of a 2-element array.
+        unsafe { self.iov.as_ptr().add(first) }
+    }
+    fn read_iovec_len(&self) -> usize {
+        if self.iov[0].iov_len == 0 {
+            1
+        } else {
+            2
+        }
+    }
+}
+
+impl Writev2 {
+    /// Writes `a` then `b[b_start..b_end]`, looping over short writes; both come back.
+    pub async fn write(
+        s: &mut TcpStream,
+        a: Vec<u8>,
+        b: Vec<u8>,
+        b_start: usize,
+        b_end: usize,
+    ) -> (io::Result<()>, Vec<u8>, Vec<u8>) {
+        let mut a = a;
+        let mut b = b;
+        let iov = Box::new([
+            libc::iovec { iov_base: a.as_mut_ptr().cast(), iov_len: a.len() },
+            libc::iovec { iov_base: b[b_start..].as_mut_ptr().cast(), iov_len: b_end - b_start },
+        ]);
+        let mut pair = Writev2 { a, b, iov };
+        loop {
+            let total = pair.iov[0].iov_len + pair.iov[1].iov_len;
+            if total == 0 {
+                return (Ok(()), pair.a, pair.b);
+            }
+            let (res, p) = s.writev(pair).await;
+            pair = p;
+            match res {
+                Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), pair.a, pair.b),
+                Ok(mut n) => {
+                    for v in pair.iov.iter_mut() {
+                        let take = n.min(v.iov_len);
+                        // SAFETY: advancing within the same allocation by at most its length.
+                        v.iov_base = unsafe { v.iov_base.cast::<u8>().add(take).cast() };
+                        v.iov_len -= take;
+                        n -= take;
+                    }
+                }
+                Err(e) => return (Err(e), pair.a, pair.b),
+            }
+        }
+    }
+}
+
+/// Stops sending on `s` (FIN), keeping it open for reading.
+pub async fn shutdown_write(s: &mut TcpStream) {
+    let _ = s.shutdown().await;
+}
+
+/// One non-blocking `MSG_PEEK` of a byte: Some(true) = the peer closed or the socket failed,
+/// Some(false) = bytes are waiting, None = nothing yet.
+fn peek_now(fd: RawFd) -> Option<bool> {
+    let mut byte = 0u8;
+    // SAFETY: one-byte buffer on a socket the caller owns.
+    let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n == 0 {
+        return Some(true);
+    }
+    if n > 0 {
+        return Some(false);
+    }
+    let err = io::Error::last_os_error();
+    match err.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => None,
+        _ => Some(true),
+    }
+}
+
+/// An idle connection is clean when the peer has sent nothing and not closed it: anything
+/// readable on a connection with no request outstanding is either a close or bytes that
+/// belong to no request, and the connection must not be used.
+pub fn idle_is_clean(s: &TcpStream) -> bool {
+    peek_now(s.as_raw_fd()).is_none()
+}
+
+/// Waits until the peer sent something or closed; true means it closed (or reset).
+/// Uses MSG_PEEK so pipelined bytes stay in the socket for the next request.
+///
+/// Readiness must be strict (`relaxed = false`): on the epoll driver a relaxed check
+/// returns at once on readiness left over from reading the request, the peek says
+/// EAGAIN, and the loop would spin without ever yielding to the reactor.
+pub async fn peer_closed(s: &TcpStream) -> bool {
+    loop {
+        if s.readable(false).await.is_err() {
+            return true;
+        }
+        if let Some(closed) = peek_now(s.as_raw_fd()) {
+            return closed;
+        }
+    }
+}
+
+/// A second descriptor for a socket (`dup`), registered with the reactor on its own. A
+/// watch armed on it can stay pending while writes go through the original, which monoio's
+/// writes need exclusively.
+pub fn dup_stream(s: &TcpStream) -> io::Result<TcpStream> {
+    // SAFETY: dup of a descriptor we own; the new one is owned by the std stream at once.
+    let fd = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let std = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    TcpStream::from_std(std)
+}
+
+/// Sets TCP_NODELAY: responses and SSE events must not wait for Nagle.
+pub fn nodelay(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+}
+
+pub async fn connect(addr: std::net::SocketAddr) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_addr(addr).await?;
+    nodelay(&s);
+    Ok(s)
+}
+
+/// A SO_REUSEPORT listener: one per shard on the same address; the kernel spreads
+/// connections over them.
+pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let opts = monoio::net::ListenerOpts::new().reuse_port(true).reuse_addr(true).backlog(4096);
+    TcpListener::bind_with_config(addr, &opts)
+}
+
+/// Ends a listener's pending and future accepts (they fail with EINVAL) without cancelling
+/// an accept the kernel may already have completed: a cancelled accept's descriptor would
+/// be lost. The kernel also stops handing this listener new connections.
+pub fn stop_listening(l: &TcpListener) {
+    // SAFETY: shutdown on a descriptor we own.
+    unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RD) };
+}
+
+pub async fn sleep(d: Duration) {
+    monoio::time::sleep(d).await
+}
+
+/// True for accept errors that mean "out of descriptors or memory": back off, do not spin.
+pub fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
+/// Bounds how long data we sent may sit unacknowledged, or unsent behind a zero window,
+/// before the kernel drops the connection and our pending write fails (TCP_USER_TIMEOUT,
+/// which Linux applies to zero-window probing too). A client that stops reading is cut
+/// after about `d` without a timer per write: one setsockopt per connection.
+pub fn send_deadline(s: &TcpStream, d: Duration) {
+    let ms: libc::c_uint = d.as_millis().min(u32::MAX as u128) as libc::c_uint;
+    // SAFETY: setsockopt with a correctly sized value on a socket we own.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Raises the soft descriptor limit to the hard one (what nginx's `worker_rlimit_nofile`
+/// and Go's runtime do); returns the limit in force.
+pub fn raise_descriptor_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur
+}

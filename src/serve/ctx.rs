@@ -1,0 +1,128 @@
+//! The request context: everything known about one request, created when its head is
+//! parsed and classified, passed `&mut` through every phase, consumed by `finish`.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use smg_wire::num::put_hex_width;
+
+use crate::api::Route;
+use crate::http::head::RequestHead;
+use crate::shard::{InflightGuard, LoadGuard, LocalSnapshot, Shard};
+use crate::workers::Worker;
+
+/// The worker a request was sent to, with the Snapshot it was picked from.
+pub struct Chosen {
+    pub snapshot: LocalSnapshot,
+    /// Position in `snapshot.workers`.
+    pub pos: usize,
+    /// The request's count on the worker's load, released when `finish` drops the context.
+    pub _load: LoadGuard,
+}
+
+impl Chosen {
+    pub fn worker(&self) -> &Worker {
+        &self.snapshot.workers[self.pos]
+    }
+}
+
+/// When things happened.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    pub started: Instant,
+    /// The worker's response head arrived.
+    pub upstream_head: Option<Instant>,
+    /// The response's first bytes went to the client.
+    pub first_byte: Option<Instant>,
+}
+
+pub struct RequestCtx {
+    pub request_id: Vec<u8>,
+    /// None only for a head that could not be parsed.
+    pub route: Option<Route>,
+    /// The tenant the request's key belongs to: set by `authorize` and read by `admit` and
+    /// `finish` once API keys and tenant budgets exist; none until then.
+    #[allow(dead_code)]
+    pub tenant: Option<Rc<str>>,
+    pub model: Option<String>,
+    pub chosen: Option<Chosen>,
+    /// Upstream attempts made (the retry edge adds one).
+    pub attempts: u8,
+    pub timings: Timings,
+    /// Request body bytes received; response bytes sent to the client.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// The status the client got (the gateway's or the worker's); 0 until one was sent.
+    pub status: u16,
+    /// The client asked to close (`Connection: close`, HTTP/1.0 without keep-alive), or the
+    /// shard is draining. Read by `finish`, which alone decides keep-alive.
+    pub close: bool,
+    /// The client spoke HTTP/1.0.
+    pub http10: bool,
+    /// The body was not read (an early answer): `finish` drains it or closes.
+    pub body_unread: bool,
+    _inflight: InflightGuard,
+}
+
+impl RequestCtx {
+    pub fn new(shard: &Rc<Shard>, head: &RequestHead, buf: &[u8], route: Route) -> Self {
+        let mut ctx = Self::bare(shard, head.close, head.http10);
+        ctx.request_id = request_id(shard, Some((head, buf)), route.id_prefix());
+        ctx.route = Some(route);
+        ctx.body_unread = !matches!(head.body, crate::http::head::BodyKind::Empty);
+        ctx
+    }
+
+    /// For a head that could not be parsed: a generated id, and the connection closes.
+    pub fn unparsed(shard: &Rc<Shard>) -> Self {
+        let mut ctx = Self::bare(shard, true, false);
+        ctx.request_id = request_id(shard, None, "req-");
+        ctx
+    }
+
+    fn bare(shard: &Rc<Shard>, close: bool, http10: bool) -> Self {
+        RequestCtx {
+            request_id: Vec::new(),
+            route: None,
+            tenant: None,
+            model: None,
+            chosen: None,
+            attempts: 0,
+            timings: Timings { started: Instant::now(), upstream_head: None, first_byte: None },
+            bytes_in: 0,
+            bytes_out: 0,
+            status: 0,
+            close: close || shard.is_draining(),
+            http10,
+            body_unread: false,
+            _inflight: shard.begin_request(),
+        }
+    }
+
+    pub fn id_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.request_id)
+    }
+
+    pub fn worker_url(&self) -> &str {
+        self.chosen.as_ref().map(|c| c.worker().url.url.as_str()).unwrap_or("-")
+    }
+}
+
+/// The client's own id (first of `--request-id-headers` with a printable value), else a
+/// fresh one with the route's prefix.
+fn request_id(shard: &Shard, head: Option<(&RequestHead, &[u8])>, prefix: &str) -> Vec<u8> {
+    if let Some((head, buf)) = head {
+        for name in &shard.cfg().request_id_headers {
+            if let Some(v) = head.header(buf, name) {
+                if !v.is_empty() && v.iter().all(|b| b.is_ascii_graphic()) {
+                    return v.to_vec();
+                }
+            }
+        }
+    }
+    let mut id = Vec::with_capacity(40);
+    id.extend_from_slice(prefix.as_bytes());
+    put_hex_width(&mut id, shard.next_random(), 16);
+    put_hex_width(&mut id, shard.next_random(), 8);
+    id
+}

@@ -1,0 +1,156 @@
+//! Why a request ended without a relayed response, by the side that failed, and the one
+//! function that turns each into what the client gets.
+//!
+//! - [`ClientError`]: the client's framing (head or body). The byte stream is no longer
+//!   trustworthy, so the connection closes after the answer.
+//! - [`WorkerError`]: the worker's side, carrying whether the connection was a reused pooled
+//!   one and whether any byte already went to the client (the retry edge needs both).
+//! - [`InternalError`]: this process ran short of something.
+//! - Rejections: the request is well-framed but refused (no route, no worker, the contract).
+
+use std::io;
+
+use crate::api::ApiError;
+use crate::contract::ContractError;
+use crate::http::body::BodyError;
+use crate::http::head::ParseError;
+use crate::http::respond::{write_simple, Simple, Stamp};
+
+#[derive(Debug)]
+pub enum ClientError {
+    Head(ParseError),
+    Body(BodyError),
+}
+
+#[derive(Debug)]
+pub enum WorkerCause {
+    Connect(io::Error),
+    Write(io::Error),
+    /// Closed or failed before a byte of the response (what a stale pooled socket does).
+    ClosedBeforeHead(io::Error),
+    BadHead(&'static str),
+    /// No response head within `--request-timeout-secs`.
+    HeadTimeout,
+    /// The body's framing broke before anything reached the client.
+    BadBody(&'static str),
+}
+
+#[derive(Debug)]
+pub struct WorkerError {
+    pub cause: WorkerCause,
+    /// The connection came from the pool.
+    pub reused: bool,
+    /// Some of the response already reached the client.
+    pub sent: bool,
+}
+
+impl WorkerError {
+    pub fn new(cause: WorkerCause, reused: bool) -> Self {
+        Self { cause, reused, sent: false }
+    }
+
+    /// A reused connection that failed before the worker said anything was most likely
+    /// closed by the worker while pooled: the request never reached it, and a fresh
+    /// connection may carry it safely.
+    pub fn stale_socket(&self) -> bool {
+        self.reused && !self.sent && matches!(self.cause, WorkerCause::Write(_) | WorkerCause::ClosedBeforeHead(_))
+    }
+}
+
+#[derive(Debug)]
+pub enum InternalError {
+    /// Out of descriptors (or socket memory) connecting to a worker: not the worker's fault.
+    NoDescriptors(io::Error),
+}
+
+#[derive(Debug)]
+pub enum Failure {
+    Client(ClientError),
+    Worker(WorkerError),
+    Internal(InternalError),
+    /// Refused by the gateway's own rules (route, model, workers), with its envelope.
+    Rejected(ApiError),
+    /// Refused by the request contract, with the contract's own body.
+    Invalid(ContractError),
+}
+
+impl Failure {
+    /// The connection cannot carry another request after this answer.
+    pub fn closes_connection(&self) -> bool {
+        matches!(self, Failure::Client(_))
+    }
+
+    /// Worker-side failures are logged once, where the request finishes.
+    pub fn is_worker_side(&self) -> bool {
+        matches!(self, Failure::Worker(_) | Failure::Internal(_))
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Self {
+        Failure::Rejected(e)
+    }
+}
+
+impl std::fmt::Display for WorkerCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerCause::Connect(e) => write!(f, "connect failed: {e}"),
+            WorkerCause::Write(e) => write!(f, "write: {e}"),
+            WorkerCause::ClosedBeforeHead(e) => write!(f, "closed before responding: {e}"),
+            WorkerCause::BadHead(why) | WorkerCause::BadBody(why) => f.write_str(why),
+            WorkerCause::HeadTimeout => f.write_str("no response head within --request-timeout-secs"),
+        }
+    }
+}
+
+/// The envelope a failure is answered with; `None` for contract rejections, which have a
+/// body of their own.
+fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
+    Some(match f {
+        Failure::Client(ClientError::Head(e)) => match e {
+            ParseError::UriTooLong => ApiError::uri_too_long(),
+            ParseError::HeadTooLarge => ApiError::head_too_large(),
+            ParseError::UnknownCoding => ApiError::unknown_transfer_coding(),
+            ParseError::Malformed(why) => ApiError::bad_request(*why),
+        },
+        Failure::Client(ClientError::Body(e)) => match e {
+            BodyError::TooLarge(max) => ApiError::body_too_large(*max),
+            BodyError::Stalled => ApiError::body_stalled(),
+            BodyError::Malformed(why) => ApiError::bad_request(*why),
+            BodyError::Gone => ApiError::bad_request("client closed mid-body"),
+        },
+        Failure::Worker(w) => match &w.cause {
+            WorkerCause::Connect(e) => ApiError::upstream_connect(worker, e),
+            WorkerCause::HeadTimeout => ApiError::upstream_timeout(worker),
+            cause => ApiError::upstream_failed(worker, &cause.to_string()),
+        },
+        Failure::Internal(InternalError::NoDescriptors(e)) => {
+            ApiError::internal("upstream_connect_no_descriptors", format!("Cannot open a connection to {worker}: {e}"))
+        }
+        Failure::Rejected(e) => e.clone(),
+        Failure::Invalid(_) => return None,
+    })
+}
+
+/// Appends the answer to `f` and returns its status: the one place failures become responses.
+pub fn respond(out: &mut Vec<u8>, f: &Failure, worker: &str, head_only: bool, stamp: &Stamp<'_>) -> u16 {
+    if let Failure::Invalid(c) = f {
+        let body = c.body();
+        let resp = Simple { status: c.status(), content_type: "application/json", headers: &[], body: &body };
+        write_simple(out, &resp, head_only, stamp);
+        return c.status();
+    }
+    let e = api_error(f, worker).unwrap_or_else(|| ApiError::internal("internal_error", "unmapped failure"));
+    e.write_response(out, head_only, stamp);
+    e.status
+}
+
+/// A short description for the log line of a worker-side failure.
+pub fn cause(f: &Failure) -> String {
+    match f {
+        Failure::Worker(w) => w.cause.to_string(),
+        Failure::Internal(InternalError::NoDescriptors(e)) => format!("out of descriptors: {e}"),
+        other => format!("{other:?}"),
+    }
+}

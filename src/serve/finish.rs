@@ -1,0 +1,194 @@
+//! The one exit: every request, answered here, rejected or relayed, ends in [`finish`]. It
+//! writes what is still to be written, logs worker-side failures, decides keep-alive (the
+//! only place that does), and drops the request context, which releases the worker's load
+//! count and the in-flight count. Permits, budget debits, breaker outcomes, metrics and the
+//! access line belong here too.
+
+use std::time::{Duration, Instant};
+
+use monoio::net::TcpStream;
+
+use super::ctx::RequestCtx;
+use super::error::{self, Failure};
+use super::Client;
+use crate::api::{local, Local};
+use crate::http::head::{BodyKind, RequestHead};
+use crate::http::relay::{RelayEnd, RelayStats};
+use crate::http::respond::Stamp;
+use crate::io::{read_more, read_more_within, shutdown_write, write_all, Timed};
+use crate::shard::Shard;
+
+/// Read buffer of a client connection; it grows for large bodies and is shrunk back after.
+pub const READ_BUF: usize = 8 * 1024;
+/// A buffer that grew past this is shrunk back between requests.
+const KEEP_BUF: usize = 64 * 1024;
+/// An unread body up to this size is read and dropped after an early answer, so the
+/// connection survives; a larger one closes it.
+const DRAIN_MAX: u64 = 64 * 1024;
+
+/// How a request ended, for `finish`.
+pub enum Outcome {
+    /// Answered by the gateway itself.
+    Local(Local),
+    /// Answered with an error.
+    Failed(Failure),
+    /// The worker's response went to the client (whole, or cut short).
+    Relayed { end: RelayEnd, stats: RelayStats },
+    /// Nobody to answer: the client left or its socket failed.
+    ClientGone,
+}
+
+/// Whether the connection goes on after this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    KeepAlive,
+    Close,
+}
+
+/// An unread body that is cheap to read and drop: short, declared, and not waiting for our
+/// `100 Continue`.
+fn drainable(head: Option<&RequestHead>) -> bool {
+    head.is_some_and(|h| !h.expect_continue && matches!(h.body, BodyKind::Length { len } if len <= DRAIN_MAX))
+}
+
+/// Whether the response about to be sent must say `connection: close`: the client asked
+/// (or is HTTP/1.0 without keep-alive), the shard drains, or an early answer leaves a body
+/// unread that we will not drain.
+pub fn announce_close(ctx: &RequestCtx, head: Option<&RequestHead>) -> bool {
+    ctx.close || (ctx.body_unread && !drainable(head))
+}
+
+/// Ends a request; see the module doc.
+pub async fn finish(
+    shard: &Shard,
+    client: &mut Client,
+    head: Option<&RequestHead>,
+    mut ctx: RequestCtx,
+    outcome: Outcome,
+) -> Next {
+    let mut keep = match outcome {
+        Outcome::Local(l) => answer(shard, client, head, &mut ctx, Answer::Local(l)).await,
+        Outcome::Failed(f) => answer(shard, client, head, &mut ctx, Answer::Failure(f)).await,
+        Outcome::Relayed { end, stats } => {
+            ctx.timings.first_byte = stats.first_byte;
+            ctx.bytes_out = stats.bytes;
+            if let RelayEnd::Worker { why, .. } = &end {
+                crate::warn!(
+                    "request {}: worker {} {why} after {:?}; client response cut short",
+                    ctx.id_str(),
+                    ctx.worker_url(),
+                    ctx.timings.started.elapsed()
+                );
+            }
+            !announce_close(&ctx, head) && matches!(end, RelayEnd::Done { .. }) && !stats.close_delimited
+        }
+        Outcome::ClientGone => false,
+    };
+    if keep && ctx.body_unread {
+        keep = drain_body(shard, client, head).await;
+    }
+    drop(ctx);
+    if !keep {
+        return Next::Close;
+    }
+    let buf = &mut client.buf;
+    buf.drain(..client.next.min(buf.len()));
+    if buf.capacity() > KEEP_BUF && buf.len() < READ_BUF {
+        buf.shrink_to(READ_BUF);
+    }
+    Next::KeepAlive
+}
+
+enum Answer {
+    Local(Local),
+    Failure(Failure),
+}
+
+/// Writes a gateway-made answer; true if the connection may go on.
+async fn answer(
+    shard: &Shard,
+    client: &mut Client,
+    head: Option<&RequestHead>,
+    ctx: &mut RequestCtx,
+    a: Answer,
+) -> bool {
+    let close = announce_close(ctx, head) || matches!(&a, Answer::Failure(f) if f.closes_connection());
+    let date = shard.date();
+    let stamp = Stamp { request_id: &ctx.request_id, date: &date, close, http10: ctx.http10 };
+    let head_only = head.is_some_and(|h| h.method == crate::http::head::Method::Head);
+    let mut out = Vec::with_capacity(256);
+    ctx.status = match &a {
+        Answer::Local(l) => local::answer(&mut out, *l, &shard.snapshot(), head_only, &stamp),
+        Answer::Failure(f) => {
+            let status = error::respond(&mut out, f, ctx.worker_url(), head_only, &stamp);
+            if f.is_worker_side() || status >= 500 {
+                crate::warn!(
+                    "request {}: {status} from the gateway, worker {}: {}",
+                    ctx.id_str(),
+                    ctx.worker_url(),
+                    error::cause(f)
+                );
+            }
+            status
+        }
+    };
+    ctx.bytes_out = out.len() as u64;
+    let (res, _) = write_all(&mut client.stream, out).await;
+    if res.is_err() {
+        return false;
+    }
+    if close && (ctx.body_unread || matches!(&a, Answer::Failure(f) if f.closes_connection())) {
+        client.linger = true;
+    }
+    !close
+}
+
+/// Reads and drops a short unread body so the connection can carry the next request.
+async fn drain_body(shard: &Shard, client: &mut Client, head: Option<&RequestHead>) -> bool {
+    let Some(BodyKind::Length { len }) = head.map(|h| h.body) else { return false };
+    let Some(h) = head else { return false };
+    let end = h.len + len as usize;
+    while client.buf.len() < end {
+        let want = end - client.buf.len();
+        let (res, b) =
+            read_more_within(&mut client.stream, std::mem::take(&mut client.buf), want, shard.cfg().body_stall_timeout)
+                .await;
+        client.buf = b;
+        match res {
+            Timed::Done(Ok(n)) if n > 0 => {}
+            _ => return false,
+        }
+    }
+    client.next = end;
+    true
+}
+
+/// Closes a client connection. After an early answer the client may still be sending: stop
+/// writing, discard what it sends for a short while, then close, so the kernel does not
+/// reset the connection under the client's unread answer (nginx's lingering close).
+pub async fn close(mut client: Client) {
+    shutdown_write(&mut client.stream).await;
+    if client.linger {
+        linger(&mut client.stream).await;
+    }
+}
+
+async fn linger(stream: &mut TcpStream) {
+    let until = Instant::now() + Duration::from_millis(500);
+    let mut scratch = Vec::with_capacity(16 * 1024);
+    let mut discarded = 0usize;
+    while discarded < (4 << 20) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        scratch.clear();
+        match monoio::time::timeout(left, read_more(stream, scratch, 16 * 1024)).await {
+            Ok((Ok(n), b)) if n > 0 => {
+                discarded += n;
+                scratch = b;
+            }
+            _ => break,
+        }
+    }
+}

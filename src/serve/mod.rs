@@ -1,0 +1,227 @@
+//! The request's life, top to bottom. One loop per client connection, one pass per request:
+//!
+//! ```text
+//!  head ─► classify ─► authorize ─► admit ─► body ─► inspect ─► pick ─► attempt ─► relay ─┐
+//!   │         │            │          │        │        │         │      │ ▲             │
+//!   │ 400     │ 404/405,   │ 401/403  │ 429/   │ 408/   │ 400     │ 404/ │ │ stale pooled │
+//!   │ 414     │ local      │          │ 503    │ 413/   │         │ 503  │ │ socket, no   │
+//!   │ 431     │ answers    │          │        │ 400    │         │      │ │ byte sent:   │
+//!   │ 501     │ (no body   │          │        │        │         │      │ └ retry fresh  │
+//!   │         │  read)     │          │        │        │         │      │   via pick     │
+//!   ▼         ▼            ▼          ▼        ▼        ▼         ▼      ▼ 502/504        ▼
+//!  finish ◄───────────────────────────────────────────────────────────────────────────────┘
+//!   keep-alive ─► head        close ─► (linger) close
+//! ```
+//!
+//! Every edge ends in [`finish::finish`], the one exit. Pipelined requests are answered in
+//! order simply because each one is finished before the next head is parsed from the bytes
+//! left in the buffer. `authorize` and `admit` pass everything for now: API keys and
+//! admission limits plug in there, before the body is read.
+
+mod ctx;
+mod error;
+mod finish;
+mod inspect;
+mod pick;
+mod upstream;
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use monoio::net::TcpStream;
+
+use crate::api::{self, Action, ApiError, EndpointSpec};
+use crate::http::body::{read_body, Body, BodyError, BodyLimits};
+use crate::http::head::{parse_request, ParseError, RequestHead};
+use crate::io::{nodelay, read_more_within, send_deadline, Timed};
+use crate::shard::{ConnectionSlot, Shard};
+use ctx::RequestCtx;
+use error::{ClientError, Failure};
+use finish::{finish, Next, Outcome, READ_BUF};
+use upstream::{attempt, relay_response, upstream_head, AttemptError};
+
+/// A client connection: the socket and its read buffer.
+pub struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// Where the next request starts in `buf`, once this one is done with it.
+    next: usize,
+    /// Close with a lingering read (an early answer left the client sending).
+    linger: bool,
+}
+
+/// Serves one client connection until it closes.
+pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
+    nodelay(&stream);
+    send_deadline(&stream, shard.cfg().client_write_timeout);
+    let mut client = Client { stream, buf: Vec::with_capacity(READ_BUF), next: 0, linger: false };
+    loop {
+        let next = match read_head(&shard, &mut client).await {
+            HeadRead::Head(head) => {
+                // Until a body is read (or drained), the request is its head.
+                client.next = head.len;
+                let route = api::classify(head.method, &client.buf[head.path.clone()]);
+                let mut ctx = RequestCtx::new(&shard, &head, &client.buf, route);
+                let outcome = request(&shard, &mut client, &head, &mut ctx, route.action).await;
+                finish(&shard, &mut client, Some(&head), ctx, outcome).await
+            }
+            HeadRead::Reject(e) => {
+                let ctx = RequestCtx::unparsed(&shard);
+                let outcome = Outcome::Failed(Failure::Client(ClientError::Head(e)));
+                finish(&shard, &mut client, None, ctx, outcome).await
+            }
+            HeadRead::Closed => Next::Close,
+        };
+        if next == Next::Close {
+            break;
+        }
+    }
+    finish::close(client).await;
+    drop(slot);
+}
+
+/// The phases from classify to relay; every way out is an [`Outcome`] for `finish`.
+async fn request(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    action: Action,
+) -> Outcome {
+    let spec = match action {
+        Action::Proxy(spec) => spec,
+        Action::Local(l) => return Outcome::Local(l),
+        Action::NotFound => return reject(ApiError::route_not_found(&path(client, head))),
+        Action::MethodNotAllowed => return reject(ApiError::method_not_allowed(&path(client, head))),
+    };
+    if let Err(f) = authorize(ctx) {
+        return Outcome::Failed(f);
+    }
+    if let Err(f) = admit(ctx) {
+        return Outcome::Failed(f);
+    }
+    let body = match body(shard, client, head, ctx).await {
+        Ok(b) => b,
+        Err(o) => return o,
+    };
+    let mut body = match inspect::inspect(shard, spec, head, &client.buf, body, ctx) {
+        Ok(b) => b,
+        Err(f) => return Outcome::Failed(f),
+    };
+    forward(shard, client, head, ctx, spec, &mut body).await
+}
+
+/// Phase: authorize. Every request passes until API keys exist.
+fn authorize(_ctx: &mut RequestCtx) -> Result<(), Failure> {
+    Ok(())
+}
+
+/// Phase: admit. Every request passes until admission limits exist.
+fn admit(_ctx: &mut RequestCtx) -> Result<(), Failure> {
+    Ok(())
+}
+
+/// Phase: body.
+async fn body(shard: &Shard, client: &mut Client, head: &RequestHead, ctx: &mut RequestCtx) -> Result<Body, Outcome> {
+    let limits = BodyLimits { max: shard.cfg().max_payload_size, stall: shard.cfg().body_stall_timeout };
+    let (res, buf) = read_body(&mut client.stream, head, std::mem::take(&mut client.buf), limits).await;
+    client.buf = buf;
+    match res {
+        Ok((body, next)) => {
+            ctx.body_unread = false;
+            client.next = next;
+            Ok(body)
+        }
+        Err(BodyError::Gone) => Err(Outcome::ClientGone),
+        Err(e) => Err(Outcome::Failed(Failure::Client(ClientError::Body(e)))),
+    }
+}
+
+/// Phases pick → attempt → relay, with the retry edge from a stale pooled socket back to
+/// pick and on to a fresh connection.
+async fn forward(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    spec: &EndpointSpec,
+    body: &mut Body,
+) -> Outcome {
+    let mut up_head = Vec::with_capacity(512);
+    let mut watch = true;
+    let mut fresh = false;
+    loop {
+        if let Err(f) = pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx) {
+            return Outcome::Failed(f);
+        }
+        let worker = ctx.chosen.as_ref().expect("picked").worker();
+        let id = worker.id;
+        up_head.clear();
+        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, body.bytes(&client.buf).len());
+        match attempt(shard, client, ctx, &mut up_head, body, fresh, &mut watch).await {
+            Ok(answered) => return relay_response(shard, client, head, ctx, answered, up_head, watch).await,
+            Err(AttemptError::Failed(Failure::Worker(e))) if e.stale_socket() && !fresh => {
+                // Its siblings in the pool were opened to the same worker process.
+                shard.forget_conns(id);
+                crate::debug!("request {}: stale pooled connection; retrying on a fresh one", ctx.id_str());
+                fresh = true;
+            }
+            Err(AttemptError::Failed(f)) => return Outcome::Failed(f),
+            Err(AttemptError::ClientGone) => return Outcome::ClientGone,
+        }
+    }
+}
+
+fn reject(e: ApiError) -> Outcome {
+    Outcome::Failed(Failure::Rejected(e))
+}
+
+/// Only error answers name the path.
+fn path(client: &Client, head: &RequestHead) -> String {
+    String::from_utf8_lossy(&client.buf[head.path.clone()]).into_owned()
+}
+
+enum HeadRead {
+    Head(RequestHead),
+    Closed,
+    Reject(ParseError),
+}
+
+/// Phase: head. Waits up to the idle timeout for a first byte, then up to the read timeout
+/// for the whole head; a timeout or EOF before a complete head closes without an answer.
+async fn read_head(shard: &Shard, client: &mut Client) -> HeadRead {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        if !client.buf.is_empty() {
+            match parse_request(&client.buf) {
+                Ok(Some(h)) => return HeadRead::Head(h),
+                Ok(None) => {}
+                Err(e) => return HeadRead::Reject(e),
+            }
+        }
+        if client.buf.is_empty() && shard.is_draining() {
+            return HeadRead::Closed;
+        }
+        // Idle keep-alive wait before the first byte; slow-client deadline after it.
+        let wait = match deadline {
+            None if client.buf.is_empty() => shard.cfg().client_idle_timeout,
+            None => {
+                let d = Instant::now() + shard.cfg().client_read_timeout;
+                deadline = Some(d);
+                shard.cfg().client_read_timeout
+            }
+            Some(d) => d.saturating_duration_since(Instant::now()),
+        };
+        let (res, buf) =
+            read_more_within(&mut client.stream, std::mem::take(&mut client.buf), READ_BUF / 2, wait).await;
+        client.buf = buf;
+        match res {
+            Timed::Done(Ok(n)) if n > 0 => {
+                if deadline.is_none() {
+                    deadline = Some(Instant::now() + shard.cfg().client_read_timeout);
+                }
+            }
+            _ => return HeadRead::Closed,
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Phase: pick. Chooses a healthy worker that serves the model, by the shard's own policy
+//! state. The body is scanned only when the policy routes on text (or pins by `rid`), and
+//! not for text at all when a valid `X-SMG-Routing-Tokens` hint already says it.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use super::ctx::{Chosen, RequestCtx};
+use super::error::Failure;
+use crate::api::{ApiError, EndpointSpec};
+use crate::http::head::RequestHead;
+use crate::routing::{first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal};
+use crate::shard::Shard;
+use crate::workers::Candidates;
+
+pub fn pick_worker(
+    shard: &Rc<Shard>,
+    spec: &EndpointSpec,
+    head: &RequestHead,
+    buf: &[u8],
+    body: &[u8],
+    ctx: &mut RequestCtx,
+) -> Result<(), Failure> {
+    // The retry edge comes back here. A retry after a stale pooled socket goes to the same
+    // worker on a fresh connection: the worker did nothing wrong. (Re-selecting after a
+    // worker failure is the circuit breaker's decision, not made here yet.)
+    if ctx.chosen.is_some() {
+        return Ok(());
+    }
+    let snap = shard.snapshot();
+    let model = ctx.model.as_deref();
+    let positions = match snap.candidates(model) {
+        Candidates::UnknownModel => return Err(ApiError::model_not_found(model.unwrap_or("")).into()),
+        Candidates::AllDown => return Err(ApiError::no_available_workers(model).into()),
+        Candidates::Healthy(list) => list,
+    };
+    let cfg = &shard.cfg().routing;
+    let header = |name: &str| head.header(buf, name).and_then(|v| std::str::from_utf8(v).ok());
+    let hint = head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens);
+    let wants_text = cfg.policy.uses_text() && hint.is_none();
+    let fields = if wants_text || cfg.routing_key_override { spec.text.and_then(|k| scan_body(k, body)) } else { None };
+    let (text, body_tokens) = match fields.as_ref().and_then(|f| f.signal.as_ref()) {
+        Some(RoutingSignal::Text(t)) => (Some(t.as_str()), None),
+        Some(RoutingSignal::Tokens(t)) => (None, Some(t.as_slice())),
+        None => (None, None),
+    };
+    let input = RouteInput {
+        model: model.unwrap_or(""),
+        text,
+        tokens: hint.as_deref().or(body_tokens),
+        namespace: fields.as_ref().and_then(|f| f.namespace.as_deref()),
+        routing_key: first_routing_key(&cfg.routing_key_headers, |n| head.header(buf, n)),
+        target_worker: header("x-smg-target-worker"),
+        authorization: header("authorization"),
+        forwarded_for: header("x-forwarded-for"),
+        cookie: header("cookie"),
+        rid: if cfg.routing_key_override { fields.as_ref().and_then(|f| f.rid.as_deref()) } else { None },
+    };
+    match shard.pick(&input, &snap, positions, Instant::now()) {
+        Ok(i) => {
+            let pos = positions[i];
+            let load = shard.hold_load(snap.workers[pos].id);
+            ctx.chosen = Some(Chosen { snapshot: snap.clone(), pos, _load: load });
+            Ok(())
+        }
+        Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(model).into()),
+    }
+}

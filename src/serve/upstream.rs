@@ -1,0 +1,169 @@
+//! Phase: upstream attempt, then relay. One attempt is a connection (pooled, or fresh when
+//! the retry edge asks for one), the request written with one `writev`, and the worker's
+//! response head. The relay then streams the response and hands the connection back to
+//! the pool when it is clean.
+
+use std::time::Instant;
+
+use smg_wire::num::put_dec;
+
+use super::ctx::RequestCtx;
+use super::error::{Failure, InternalError, WorkerCause, WorkerError};
+use super::finish::{announce_close, Outcome};
+use super::Client;
+use crate::http::body::Body;
+use crate::http::head::RequestHead;
+use crate::http::pool::{self, UpstreamConn};
+use crate::http::relay::{relay, RelayEnd, RelayLimits, RelayStats};
+use crate::http::respond::Stamp;
+use crate::http::response_head::{read_response_head, HeadError, ResponseHead};
+use crate::io::{is_resource_exhaustion, Writev2};
+use crate::shard::Shard;
+
+/// A worker's answer: the connection, with the response head at the start of its buffer.
+pub struct Answered {
+    pub conn: UpstreamConn,
+    pub head: ResponseHead,
+}
+
+/// How an attempt ended short of a response head.
+pub enum AttemptError {
+    Failed(Failure),
+    ClientGone,
+}
+
+impl From<WorkerError> for AttemptError {
+    fn from(e: WorkerError) -> Self {
+        AttemptError::Failed(Failure::Worker(e))
+    }
+}
+
+/// The request head a worker gets: the client's target, our Host and framing, and the
+/// client headers the contract forwards.
+pub fn upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], authority: &str, body_len: usize) {
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(&buf[head.target.clone()]);
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(authority.as_bytes());
+    out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+    put_dec(out, body_len as u64);
+    out.extend_from_slice(b"\r\n");
+    for h in &head.forward {
+        out.extend_from_slice(&buf[h.name.clone()]);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(&buf[h.value.clone()]);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One attempt: writes `up_head` and the body, reads the response head. `fresh` skips the
+/// pool. `watch` says whether the client is still worth watching (it has not pipelined).
+pub async fn attempt(
+    shard: &Shard,
+    client: &mut Client,
+    ctx: &mut RequestCtx,
+    up_head: &mut Vec<u8>,
+    body: &mut Body,
+    fresh: bool,
+    watch: &mut bool,
+) -> Result<Answered, AttemptError> {
+    ctx.attempts += 1;
+    let chosen = ctx.chosen.as_ref().expect("pick ran");
+    let (id, addr) = (chosen.worker().id, chosen.worker().url.addr);
+    let pooled = if fresh { None } else { shard.take_conn(id) };
+    let mut conn = match pooled {
+        Some(c) => c,
+        None => match pool::connect(addr).await {
+            Ok(c) => c,
+            Err(e) if is_resource_exhaustion(&e) => {
+                return Err(AttemptError::Failed(Failure::Internal(InternalError::NoDescriptors(e))))
+            }
+            Err(e) => {
+                shard.report_connect_failed(id);
+                return Err(WorkerError::new(WorkerCause::Connect(e), false).into());
+            }
+        },
+    };
+    let reused = conn.reused;
+    // The body travels through the writev in the buffer that holds it (the connection
+    // buffer for a Content-Length body) and comes back for a retry or the next request.
+    let (res, h) = match body {
+        Body::None => {
+            let (res, h, _) = Writev2::write(&mut conn.stream, std::mem::take(up_head), Vec::new(), 0, 0).await;
+            (res, h)
+        }
+        Body::InBuf(r) => {
+            let (res, h, b) = Writev2::write(
+                &mut conn.stream,
+                std::mem::take(up_head),
+                std::mem::take(&mut client.buf),
+                r.start,
+                r.end,
+            )
+            .await;
+            client.buf = b;
+            (res, h)
+        }
+        Body::Owned(v) => {
+            let n = v.len();
+            let (res, h, b) = Writev2::write(&mut conn.stream, std::mem::take(up_head), std::mem::take(v), 0, n).await;
+            *v = b;
+            (res, h)
+        }
+    };
+    *up_head = h;
+    if let Err(e) = res {
+        return Err(WorkerError::new(WorkerCause::Write(e), reused).into());
+    }
+    match read_response_head(&mut conn, &client.stream, watch, shard.cfg().request_timeout).await {
+        Ok(h) => {
+            ctx.timings.upstream_head = Some(Instant::now());
+            ctx.status = h.status;
+            Ok(Answered { conn, head: h })
+        }
+        Err(HeadError::ClientGone) => Err(AttemptError::ClientGone),
+        Err(HeadError::NothingReceived(e)) => Err(WorkerError::new(WorkerCause::ClosedBeforeHead(e), reused).into()),
+        Err(HeadError::Bad(why)) => Err(WorkerError::new(WorkerCause::BadHead(why), reused).into()),
+        Err(HeadError::TimedOut) => Err(WorkerError::new(WorkerCause::HeadTimeout, reused).into()),
+    }
+}
+
+/// Phase: relay. Streams the response whose head is in `conn.buf` and pools the connection
+/// when the response ended cleanly on a connection the worker keeps open.
+pub async fn relay_response(
+    shard: &Shard,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &RequestCtx,
+    answered: Answered,
+    spare: Vec<u8>,
+    watch: bool,
+) -> Outcome {
+    let Answered { mut conn, head: rhead } = answered;
+    let chosen = ctx.chosen.as_ref().expect("pick ran");
+    let worker = chosen.worker();
+    let date = shard.date();
+    let stamp =
+        Stamp { request_id: &ctx.request_id, date: &date, close: announce_close(ctx, Some(head)), http10: ctx.http10 };
+    let extra: [(&str, &[u8]); 1] = [("x-smg-routed-worker-id", worker.url.url.as_bytes())];
+    let limits = RelayLimits {
+        read_idle: shard.cfg().upstream_read_timeout,
+        deadline: ctx.timings.started + shard.cfg().request_timeout,
+    };
+    let mut stats = RelayStats::default();
+    let (end, _) = relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
+    match end {
+        RelayEnd::Done { reusable: true } => shard.put_conn(worker.id, conn),
+        RelayEnd::Worker { why, sent: false } => {
+            let e = WorkerError { cause: WorkerCause::BadBody(why), reused: conn.reused, sent: false };
+            return Outcome::Failed(Failure::Worker(e));
+        }
+        RelayEnd::ClientGone => {
+            crate::debug!("request {}: client left; closing worker connection", ctx.id_str());
+            return Outcome::ClientGone;
+        }
+        _ => {}
+    }
+    Outcome::Relayed { end, stats }
+}

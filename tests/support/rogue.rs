@@ -1,0 +1,536 @@
+//! A misbehaving worker on a raw std socket, plus the few helpers the hardening tests need
+//! around it (a gateway launcher that can lower RLIMIT_NOFILE and reports a start failure at
+//! once, bounded polling, patience scaling, RSS).
+//!
+//! The worker is healthy as far as the gateway's probes go (`GET /health` 200, `GET
+//! /v1/models` naming its model, Content-Length framed, keep-alive); its POST answers
+//! misbehave in the way its [`Mode`] says. A POST body may carry `"tag"` (echoed back so a
+//! client can tell its own answer from another's), `"stream"` (EndlessStream only streams
+//! when it is true) and `"delay_ms"` (Restartable waits that long before answering).
+//!
+//! Every wait in here and in the tests is scaled by [`patience`]: `SMG_TEST_PATIENCE_MS`
+//! is how long a nominal second lasts (default 1000), so `SMG_TEST_PATIENCE_MS=3000` makes
+//! every bound three times as lenient on a slow machine.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sonic_rs::JsonValueTrait;
+
+use super::{read_response, try_get, Gateway, Response};
+
+/// How the worker answers POSTs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A correct Content-Length answer naming the request's tag, then at once, in the same
+    /// write, a complete second response `{"tag":"STRAY"}` nobody asked for.
+    StrayBytes,
+    /// Like StrayBytes, but the stray response is written ~50 ms after the real one.
+    StrayBytesLate,
+    /// A chunked SSE stream with `Connection: keep-alive`, then the socket is closed right
+    /// after the final `0\r\n\r\n` (what llama.cpp does).
+    CloseAfterStream,
+    /// A chunked SSE head and one event, then silence for 30 s without closing.
+    StallAfterHead,
+    /// A head that says chunked, then the size line `zz`.
+    BadFirstChunk,
+    /// A well-behaved keep-alive echo worker whose connections [`RogueWorker::restart`] kills.
+    Restartable,
+    /// 16 KB SSE events as fast as the socket takes them, until a write fails.
+    EndlessStream,
+    /// Answers with this status line (`HTTP/1.1 <code> <phrase>`; the phrase may be empty).
+    Status(u16, &'static str),
+}
+
+#[derive(Default)]
+pub struct RogueState {
+    /// Every accepted connection (probes included).
+    pub accepted: AtomicUsize,
+    /// POST requests read.
+    pub posts: AtomicUsize,
+    /// Connections that carried at least one POST (the gateway's proxy connections).
+    pub post_conns: AtomicUsize,
+    /// When a POST-carrying connection ended because of the other side: EOF or an error on
+    /// read or write (for EndlessStream: the write error that stopped the stream).
+    pub closed_at: Mutex<Vec<Instant>>,
+    /// POST-carrying connections the worker closed itself (CloseAfterStream, give-ups).
+    pub self_closed: AtomicUsize,
+    /// Serving threads still running.
+    live: AtomicUsize,
+    /// A clone of every open connection, so they can be killed from outside.
+    conns: Mutex<Vec<(usize, TcpStream)>>,
+    stop: AtomicBool,
+    generation: AtomicUsize,
+}
+
+impl RogueState {
+    pub fn peer_closes(&self) -> usize {
+        self.closed_at.lock().unwrap().len()
+    }
+}
+
+pub struct RogueWorker {
+    pub port: u16,
+    pub model: String,
+    pub mode: Mode,
+    pub state: Arc<RogueState>,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl RogueWorker {
+    pub fn start(model: &str, mode: Mode) -> RogueWorker {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(RogueState::default());
+        let h = spawn_acceptor(listener, Arc::clone(&state), mode, model.to_string(), 0);
+        RogueWorker { port, model: model.to_string(), mode, state, acceptor: Mutex::new(Some(h)) }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills every open connection (the gateway's pooled ones included) and the listener,
+    /// then listens again on the same port: a worker process restart, as the gateway sees it.
+    pub fn restart(&self) {
+        let gen = self.state.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        // Wake the acceptor so it sees the new generation and drops the old listener.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(h) = self.acceptor.lock().unwrap().take() {
+            let _ = h.join();
+        }
+        self.kill_connections();
+        wait_until(patience(Duration::from_secs(3)), || self.state.live.load(Ordering::SeqCst) == 0);
+        let until = Instant::now() + patience(Duration::from_secs(3));
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", self.port)) {
+                Ok(l) => break l,
+                Err(e) => {
+                    assert!(Instant::now() < until, "rogue worker could not re-bind port {}: {e}", self.port);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
+        let h = spawn_acceptor(listener, Arc::clone(&self.state), self.mode, self.model.clone(), gen);
+        *self.acceptor.lock().unwrap() = Some(h);
+    }
+
+    fn kill_connections(&self) {
+        let conns: Vec<(usize, TcpStream)> = std::mem::take(&mut *self.state.conns.lock().unwrap());
+        for (_, s) in conns {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for RogueWorker {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        self.kill_connections();
+    }
+}
+
+fn spawn_acceptor(listener: TcpListener, st: Arc<RogueState>, mode: Mode, model: String, gen: usize) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut next_id = 0usize;
+        for s in listener.incoming() {
+            if st.stop.load(Ordering::SeqCst) || st.generation.load(Ordering::SeqCst) != gen {
+                return;
+            }
+            let Ok(s) = s else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            st.accepted.fetch_add(1, Ordering::SeqCst);
+            next_id += 1;
+            let id = gen << 32 | next_id;
+            if let Ok(c) = s.try_clone() {
+                st.conns.lock().unwrap().push((id, c));
+            }
+            st.live.fetch_add(1, Ordering::SeqCst);
+            let (st, model) = (Arc::clone(&st), model.clone());
+            std::thread::spawn(move || {
+                serve(s, id, &st, mode, &model);
+                st.conns.lock().unwrap().retain(|(i, _)| *i != id);
+                st.live.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    })
+}
+
+struct Req {
+    method: String,
+    path: String,
+    close: bool,
+    body: Vec<u8>,
+}
+
+fn parse(buf: &[u8]) -> Option<(Req, usize)> {
+    let mut h = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Request::new(&mut h);
+    let n = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return None,
+    };
+    let mut len = 0usize;
+    let mut close = false;
+    for h in r.headers.iter() {
+        let v = String::from_utf8_lossy(h.value);
+        if h.name.eq_ignore_ascii_case("content-length") {
+            len = v.trim().parse().unwrap_or(0);
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            close = v.to_ascii_lowercase().contains("close");
+        }
+    }
+    if buf.len() < n + len {
+        return None;
+    }
+    let req = Req {
+        method: r.method.unwrap_or("").to_string(),
+        path: r.path.unwrap_or("").to_string(),
+        close,
+        body: buf[n..n + len].to_vec(),
+    };
+    Some((req, n + len))
+}
+
+/// How one answer left the connection.
+enum Next {
+    Keep,
+    /// The gateway closed, or a read or write failed.
+    PeerGone,
+    /// The worker closes the connection itself.
+    SelfClose,
+}
+
+fn serve(mut s: TcpStream, id: usize, st: &RogueState, mode: Mode, model: &str) {
+    let _ = s.set_nodelay(true);
+    let mut buf = Vec::new();
+    let mut carried_post = false;
+    let end = 'conn: loop {
+        let (req, used) = loop {
+            if let Some(p) = parse(&buf) {
+                break p;
+            }
+            let mut tmp = [0u8; 65536];
+            match s.read(&mut tmp) {
+                Ok(0) | Err(_) => break 'conn Next::PeerGone,
+                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            }
+            if st.stop.load(Ordering::SeqCst) {
+                break 'conn Next::SelfClose;
+            }
+        };
+        buf.drain(..used);
+        let next = match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/health") => plain(&mut s, "200 OK", "text/plain", b"ok"),
+            ("GET", "/v1/models") => {
+                let b = format!(r#"{{"object":"list","data":[{{"id":"{model}","object":"model","owned_by":"x"}}]}}"#);
+                plain(&mut s, "200 OK", "application/json", b.as_bytes())
+            }
+            ("POST", _) => {
+                if !carried_post {
+                    carried_post = true;
+                    st.post_conns.fetch_add(1, Ordering::SeqCst);
+                }
+                st.posts.fetch_add(1, Ordering::SeqCst);
+                answer_post(&mut s, id, st, mode, &req.body)
+            }
+            _ => plain(&mut s, "404 Not Found", "text/plain", b"no"),
+        };
+        match next {
+            Next::Keep if req.close => break Next::SelfClose,
+            Next::Keep => {}
+            other => break other,
+        }
+    };
+    if carried_post {
+        match end {
+            Next::PeerGone => st.closed_at.lock().unwrap().push(Instant::now()),
+            _ => {
+                st.self_closed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+    // Dropping `s` closes this side; the clone kept for kill_connections is removed by the
+    // caller right after.
+}
+
+fn plain(s: &mut TcpStream, status: &str, ct: &str, body: &[u8]) -> Next {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ct}\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    if s.write_all(&out).is_ok() {
+        Next::Keep
+    } else {
+        Next::PeerGone
+    }
+}
+
+fn tag_of(body: &[u8]) -> String {
+    let v: sonic_rs::Value = sonic_rs::from_slice(body).unwrap_or_default();
+    v["tag"].as_str().unwrap_or("none").to_string()
+}
+
+fn chunk(data: &str) -> String {
+    format!("{:x}\r\n{data}\r\n", data.len())
+}
+
+const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n";
+
+fn answer_post(s: &mut TcpStream, id: usize, st: &RogueState, mode: Mode, body: &[u8]) -> Next {
+    let tag = tag_of(body);
+    let v: sonic_rs::Value = sonic_rs::from_slice(body).unwrap_or_default();
+    let json = format!(r#"{{"tag":"{tag}"}}"#);
+    let write = |s: &mut TcpStream, b: &[u8]| if s.write_all(b).is_ok() { Next::Keep } else { Next::PeerGone };
+    match mode {
+        Mode::StrayBytes | Mode::StrayBytesLate => {
+            let real = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n{json}",
+                json.len()
+            );
+            let stray_body = r#"{"tag":"STRAY"}"#;
+            let stray = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{stray_body}",
+                stray_body.len()
+            );
+            if mode == Mode::StrayBytes {
+                return write(s, format!("{real}{stray}").as_bytes());
+            }
+            if let Next::PeerGone = write(s, real.as_bytes()) {
+                return Next::PeerGone;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            write(s, stray.as_bytes())
+        }
+        Mode::CloseAfterStream => {
+            if let Next::PeerGone = write(s, SSE_HEAD.as_bytes()) {
+                return Next::PeerGone;
+            }
+            for i in 0..3 {
+                let ev = format!("data: {{\"tag\":\"{tag}\",\"i\":{i}}}\n\n");
+                if let Next::PeerGone = write(s, chunk(&ev).as_bytes()) {
+                    return Next::PeerGone;
+                }
+            }
+            let end = format!("{}0\r\n\r\n", chunk("data: [DONE]\n\n"));
+            match write(s, end.as_bytes()) {
+                Next::Keep => Next::SelfClose,
+                other => other,
+            }
+        }
+        Mode::StallAfterHead => {
+            let first = format!("{SSE_HEAD}{}", chunk(&format!("data: {{\"tag\":\"{tag}\",\"i\":0}}\n\n")));
+            if let Next::PeerGone = write(s, first.as_bytes()) {
+                return Next::PeerGone;
+            }
+            if peer_closes_within(s, st, Duration::from_secs(30)) {
+                Next::PeerGone
+            } else {
+                Next::SelfClose
+            }
+        }
+        Mode::BadFirstChunk => {
+            let raw = format!("{SSE_HEAD}zz\r\ndata: {{\"tag\":\"{tag}\"}}\n\n\r\n");
+            if let Next::PeerGone = write(s, raw.as_bytes()) {
+                return Next::PeerGone;
+            }
+            if peer_closes_within(s, st, Duration::from_secs(10)) {
+                Next::PeerGone
+            } else {
+                Next::SelfClose
+            }
+        }
+        Mode::Restartable => {
+            let delay = v["delay_ms"].as_u64().unwrap_or(0).min(5000);
+            if delay > 0 {
+                std::thread::sleep(Duration::from_millis(delay));
+            }
+            let b = format!(r#"{{"tag":"{tag}","conn":{id}}}"#);
+            plain(s, "200 OK", "application/json", b.as_bytes())
+        }
+        Mode::EndlessStream => {
+            if !v["stream"].as_bool().unwrap_or(false) {
+                return plain(s, "200 OK", "application/json", json.as_bytes());
+            }
+            if let Next::PeerGone = write(s, SSE_HEAD.as_bytes()) {
+                return Next::PeerGone;
+            }
+            let pad = "x".repeat(16 * 1024 - 64);
+            let ev = chunk(&format!("data: {{\"tag\":\"{tag}\",\"pad\":\"{pad}\"}}\n\n"));
+            let until = Instant::now() + Duration::from_secs(120);
+            loop {
+                if let Next::PeerGone = write(s, ev.as_bytes()) {
+                    return Next::PeerGone;
+                }
+                if st.stop.load(Ordering::SeqCst) || Instant::now() > until {
+                    return Next::SelfClose;
+                }
+            }
+        }
+        Mode::Status(code, phrase) => {
+            let mut out = format!(
+                "HTTP/1.1 {code} {phrase}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n",
+                json.len()
+            )
+            .into_bytes();
+            out.extend_from_slice(json.as_bytes());
+            write(s, &out)
+        }
+    }
+}
+
+/// Watches `s` for the peer closing it, for at most `within` (or until the worker stops).
+fn peer_closes_within(s: &mut TcpStream, st: &RogueState, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    let mut byte = [0u8; 1];
+    let closed = loop {
+        if st.stop.load(Ordering::SeqCst) {
+            break false;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break false;
+        }
+        let _ = s.set_read_timeout(Some(left.min(Duration::from_millis(100))));
+        match s.peek(&mut byte) {
+            Ok(0) => break true,
+            Ok(_) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break true,
+        }
+    };
+    let _ = s.set_read_timeout(None);
+    closed
+}
+
+// === Helpers for the hardening tests ===
+
+/// `d` scaled by `SMG_TEST_PATIENCE_MS / 1000` (default 1000: as written).
+pub fn patience(d: Duration) -> Duration {
+    let ms = std::env::var("SMG_TEST_PATIENCE_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1000).max(1);
+    d.mul_f64(ms as f64 / 1000.0)
+}
+
+/// Polls `cond` every 5 ms for at most `within`; true once it held.
+pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One lock per test binary: the load-heavy tests must not time each other's bounds.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts `smg launch` like `Gateway::start`, optionally with RLIMIT_NOFILE lowered to
+/// `nofile` (soft and hard), and fails at once, with the gateway's stderr, if it exits
+/// instead of answering /liveness (an unknown flag, say).
+pub fn start_gateway(legacy: bool, args: &[&str], nofile: Option<u64>) -> Gateway {
+    let port = super::free_port();
+    let log = std::env::temp_dir().join(format!("smg-rogue-test-{}-{port}.log", std::process::id()));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
+    cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
+    if legacy {
+        cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
+    } else {
+        cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
+    }
+    if let Some(n) = nofile {
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    let mut gw = Gateway { port, child, log };
+    let until = Instant::now() + patience(Duration::from_secs(20));
+    loop {
+        if let Some(status) = gw.child.try_wait().unwrap() {
+            panic!("gateway {args:?} exited at start ({status}):\n{}", gw.log_text());
+        }
+        if try_get(port, "/liveness").is_ok_and(|r| r.status == 200) {
+            return gw;
+        }
+        assert!(Instant::now() < until, "gateway never answered /liveness; log:\n{}", gw.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Connects to the gateway with `timeout` as read and write timeout.
+pub fn connect_with(port: u16, timeout: Duration) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&std::net::SocketAddr::from(([127, 0, 0, 1], port)), timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Sends `raw` on a fresh connection and reads one response (errors are returned, not
+/// unwrapped, so a test can count them).
+pub fn exchange(port: u16, raw: &[u8], timeout: Duration) -> std::io::Result<Response> {
+    let mut s = connect_with(port, timeout)?;
+    s.write_all(raw)?;
+    read_response(&mut s, &mut Vec::new(), false)
+}
+
+/// Sends `raw` on a fresh connection and returns the status line of the answer.
+pub fn status_line(port: u16, raw: &[u8], timeout: Duration) -> std::io::Result<String> {
+    let mut s = connect_with(port, timeout)?;
+    s.write_all(raw)?;
+    let mut got = Vec::new();
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        super::fill(&mut s, &mut got)?;
+    }
+    let end = got.windows(2).position(|w| w == b"\r\n").unwrap();
+    Ok(String::from_utf8_lossy(&got[..end]).into_owned())
+}
+
+/// Closes with RST instead of FIN, so tens of thousands of short connections leave no
+/// TIME_WAIT behind on the loopback port range.
+pub fn set_linger_zero(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: plain setsockopt on a socket we own, with a correctly sized option.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Resident set size of `pid` in KiB (VmRSS in /proc/<pid>/status).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
