@@ -477,7 +477,7 @@ fn client_abort_mid_stream_closes_upstream_quickly() {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
         let took = upstream_close_after_abort(&w, &gw, 1000, 0);
-        assert!(took < Duration::from_millis(100), "upstream closed after {took:?}");
+        assert!(took < patience(Duration::from_millis(100)), "upstream closed after {took:?}");
     });
 }
 
@@ -498,7 +498,7 @@ fn upstream_close_after_abort(w: &FakeWorker, gw: &Gateway, gap_ms: u64, after: 
     let t0 = Instant::now();
     drop(s);
     // The worker watches its socket between events and stamps the gateway's close.
-    let until = t0 + Duration::from_secs(3);
+    let until = t0 + patience(Duration::from_secs(3));
     let closed = loop {
         if w.state.closed_at.lock().unwrap().len() > closes_before {
             break *w.state.closed_at.lock().unwrap().last().unwrap();
@@ -541,7 +541,7 @@ fn slow_stream_is_relayed_whole_and_still_watched() {
 
         // By event 3 two reads have waited past 20 ms: the relay holds one watch.
         let took = upstream_close_after_abort(&w, &gw, 60, 3);
-        assert!(took < Duration::from_millis(100), "upstream closed after {took:?}");
+        assert!(took < patience(Duration::from_millis(100)), "upstream closed after {took:?}");
     });
 }
 
@@ -603,7 +603,7 @@ fn connect_failure_is_502_then_503_once_marked_down() {
             assert_eq!(r.header("x-smg-error-code"), Some(r.json()["error"]["code"].as_str().unwrap()));
         }
         // The connect failure triggers a re-probe; the worker is then down → 503.
-        let until = Instant::now() + Duration::from_secs(10);
+        let until = Instant::now() + patience(Duration::from_secs(10));
         loop {
             let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]);
             if r.status == 503 {
@@ -730,7 +730,7 @@ fn hostile_heads_never_crash_or_leak() {
         // Valid traffic is still served.
         assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).status, 200);
         // Every hostile connection is closed within the client timeouts; fds return to baseline.
-        let until = Instant::now() + Duration::from_secs(8);
+        let until = Instant::now() + patience(Duration::from_secs(8));
         loop {
             let now = gw.fd_count();
             if now <= baseline + 2 {
@@ -763,7 +763,7 @@ fn sigterm_drains_in_flight_streams_and_exits_zero() {
         let r = read_response(&mut s, &mut raw, false).unwrap();
         assert!(r.complete, "in-flight stream must finish: {}", r.text());
         assert!(r.text().contains("[DONE]"));
-        let until = Instant::now() + Duration::from_secs(10);
+        let until = Instant::now() + patience(Duration::from_secs(10));
         let status = loop {
             if let Some(st) = gw.child.try_wait().unwrap() {
                 break st;

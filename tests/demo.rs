@@ -25,8 +25,8 @@ fn demo_serves_the_printed_request() {
             }
         }
     });
-    let curl = rx.recv_timeout(Duration::from_secs(30)).expect("demo printed no curl line");
-    let until = Instant::now() + Duration::from_secs(20);
+    let curl = rx.recv_timeout(support::patience(Duration::from_secs(30))).expect("demo printed no curl line");
+    let until = Instant::now() + support::patience(Duration::from_secs(20));
     while support::try_get(port, "/readiness").map(|r| r.status).ok() != Some(200) {
         assert!(Instant::now() < until, "demo never became ready");
         std::thread::sleep(Duration::from_millis(50));

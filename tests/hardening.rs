@@ -24,7 +24,7 @@ fn gateway(legacy: bool, url: &str, extra: &[&str]) -> Gateway {
         args.extend_from_slice(&["--cores", "2"]);
     }
     args.extend_from_slice(extra);
-    let gw = start_gateway(legacy, &args, None);
+    let gw = Gateway::start_with(legacy, &args, None);
     gw.ready();
     gw
 }
@@ -621,7 +621,7 @@ fn descriptor_limit() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let url = w.url();
-        let mut gw = start_gateway(
+        let mut gw = Gateway::start_with(
             legacy,
             &["--worker-urls", &url, "--cores", "2", "--health-check-interval-secs", "1"],
             Some(256),

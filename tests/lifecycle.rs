@@ -22,7 +22,7 @@ fn gateway(legacy: bool, urls: &[String], extra: &[&str]) -> Gateway {
         args.extend_from_slice(&["--cores", "2"]);
     }
     args.extend_from_slice(extra);
-    start_gateway(legacy, &args, None)
+    Gateway::start_with(legacy, &args, None)
 }
 
 /// A request the gateway can answer from its head alone must be answered at once, however

@@ -35,11 +35,8 @@ use smg_wire::num::put_dec;
 
 use super::pool::{UpstreamConn, UPSTREAM_BUF};
 use super::respond::{reason, Stamp};
-use super::response_head::{ResponseBody, ResponseHead};
+use super::response_head::{ResponseBody, ResponseHead, WATCH_AFTER};
 use crate::io::{dup_stream, peer_closed, read_more, write_all, write_range, Writev2};
-
-/// How long the worker may be silent before we start watching the client.
-pub const WATCH_AFTER: Duration = Duration::from_millis(20);
 
 /// The worker's side of the relay's deadlines.
 #[derive(Debug, Clone, Copy)]
@@ -504,5 +501,77 @@ fn frame_chunk(out: &mut Vec<u8>, data: &[u8]) {
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(data);
         out.extend_from_slice(b"\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `wire` to `left` in two reads cut at `cut`, like `relay` and `forward_read` do:
+    /// returns (bytes of the input that belong to the body, what the client gets when the
+    /// framing is transformed, done).
+    fn feed_split(mut left: BodyLeft, wire: &[u8], cut: usize) -> (usize, Vec<u8>, bool) {
+        let mut out = Vec::new();
+        let a = left.take(&wire[..cut], &mut out).unwrap().used;
+        assert!(a == cut || left.done(), "stopped early at {a} of {cut}");
+        let b = if left.done() { 0 } else { left.take(&wire[cut..], &mut out).unwrap().used };
+        (a + b, out, left.done())
+    }
+
+    const CHUNKED: &[u8] = b"6\r\ndata: \r\n3;x=y\r\nhi\n\r\n0\r\n\r\nSTRAY";
+
+    #[test]
+    fn chunked_passthrough_ends_where_the_body_ends() {
+        for cut in 0..=CHUNKED.len() {
+            let (used, out, done) = feed_split(BodyLeft::Chunked(ChunkedDecoder::new()), CHUNKED, cut);
+            assert_eq!((used, done), (CHUNKED.len() - 5, true), "cut {cut}");
+            assert!(out.is_empty(), "passthrough copies nothing");
+        }
+    }
+
+    #[test]
+    fn chunked_is_decoded_for_http10_clients() {
+        for cut in 0..=CHUNKED.len() {
+            let (used, out, done) = feed_split(BodyLeft::Dechunk(ChunkedDecoder::new()), CHUNKED, cut);
+            assert_eq!((used, out.as_slice(), done), (CHUNKED.len() - 5, &b"data: hi\n"[..], true), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn length_stops_at_its_end() {
+        let wire = b"0123456789extra";
+        for cut in 0..=wire.len() {
+            let (used, _, done) = feed_split(BodyLeft::Length(10), wire, cut);
+            assert_eq!((used, done), (10, true), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn close_delimited_is_rechunked_or_raw() {
+        let wire = b"abcdef";
+        for cut in 1..wire.len() {
+            let (_, out, done) = feed_split(BodyLeft::UntilClose { rechunk: true }, wire, cut);
+            let want = format!("{cut:x}\r\n{}\r\n{:x}\r\n{}\r\n", &"abcdef"[..cut], 6 - cut, &"abcdef"[cut..]);
+            assert_eq!((String::from_utf8(out).unwrap(), done), (want, false), "cut {cut}");
+            let (_, raw, _) = feed_split(BodyLeft::UntilClose { rechunk: false }, wire, cut);
+            assert_eq!(raw, wire);
+        }
+        assert_eq!(BodyLeft::UntilClose { rechunk: true }.at_eof(), Ok(&b"0\r\n\r\n"[..]));
+        assert!(BodyLeft::Length(3).at_eof().is_err());
+    }
+
+    #[test]
+    fn broken_first_chunk_is_an_error_before_any_byte() {
+        let mut left = BodyLeft::Chunked(ChunkedDecoder::new());
+        assert!(left.take(b"zz\r\n", &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn client_framing_by_version() {
+        assert_eq!(framing(ResponseBody::Chunked, true), ClientFraming::Raw);
+        assert_eq!(framing(ResponseBody::Chunked, false), ClientFraming::Chunked);
+        assert_eq!(framing(ResponseBody::Close, false), ClientFraming::Rechunk);
+        assert_eq!(framing(ResponseBody::Length { len: 3 }, true), ClientFraming::Length);
     }
 }

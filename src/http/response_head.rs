@@ -10,8 +10,11 @@ use monoio::net::TcpStream;
 
 use super::head::offset;
 use super::pool::{UpstreamConn, UPSTREAM_BUF};
-use super::relay::WATCH_AFTER;
 use crate::io::{peer_closed, read_more};
+
+/// How long the worker may be silent before we start watching the client, here and in the
+/// relay (see relay.rs for why the watch waits).
+pub const WATCH_AFTER: Duration = Duration::from_millis(20);
 
 /// Largest worker response head we accept.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -239,5 +242,30 @@ mod tests {
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").is_err());
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n").is_err());
         assert!(parse_response(b"HTTP/1.1 200 OK\r\n").unwrap().is_none());
+    }
+
+    #[test]
+    fn head_split_at_every_offset() {
+        let raw: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello";
+        let interim = 25;
+        for cut in 0..raw.len() {
+            match parse_response(&raw[..cut]).unwrap() {
+                None => assert!(cut < interim, "cut {cut}"),
+                Some(h) => {
+                    assert!(cut >= interim, "cut {cut}");
+                    assert_eq!(h.status, 100);
+                    assert_eq!(h.len, interim);
+                }
+            }
+        }
+        let rest = &raw[interim..];
+        let full = rest.len() - 5;
+        for cut in 0..rest.len() {
+            let got = parse_response(&rest[..cut]).unwrap();
+            assert_eq!(got.is_some(), cut >= full, "cut {cut}");
+        }
+        let h = parse_response(rest).unwrap().unwrap();
+        assert_eq!((h.status, h.body, &rest[h.len..]), (200, ResponseBody::Length { len: 5 }, &b"hello"[..]));
+        assert_eq!(&rest[h.reason.clone()], b"OK");
     }
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use monoio::net::TcpStream;
 
+use super::client::Client;
 use super::ctx::RequestCtx;
 use super::error::{self, Failure};
-use super::Client;
 use crate::api::{local, Local};
 use crate::http::head::{BodyKind, RequestHead};
 use crate::http::relay::{RelayEnd, RelayStats};

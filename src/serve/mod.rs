@@ -18,6 +18,7 @@
 //! left in the buffer. `authorize` and `admit` pass everything for now: API keys and
 //! admission limits plug in there, before the body is read.
 
+mod client;
 mod ctx;
 mod error;
 mod finish;
@@ -35,20 +36,11 @@ use crate::http::body::{read_body, Body, BodyError, BodyLimits};
 use crate::http::head::{parse_request, ParseError, RequestHead};
 use crate::io::{nodelay, read_more_within, send_deadline, Timed};
 use crate::shard::{ConnectionSlot, Shard};
+use client::Client;
 use ctx::RequestCtx;
 use error::{ClientError, Failure};
 use finish::{finish, Next, Outcome, READ_BUF};
 use upstream::{attempt, relay_response, upstream_head, AttemptError};
-
-/// A client connection: the socket and its read buffer.
-pub struct Client {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    /// Where the next request starts in `buf`, once this one is done with it.
-    next: usize,
-    /// Close with a lingering read (an early answer left the client sending).
-    linger: bool,
-}
 
 /// Serves one client connection until it closes.
 pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {

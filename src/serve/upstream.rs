@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use smg_wire::num::put_dec;
 
+use super::client::Client;
 use super::ctx::RequestCtx;
 use super::error::{Failure, InternalError, WorkerCause, WorkerError};
 use super::finish::{announce_close, Outcome};
-use super::Client;
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
 use crate::http::pool::{self, UpstreamConn};

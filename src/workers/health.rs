@@ -127,7 +127,16 @@ fn prober(
     let mut healthy = false;
     let mut first = true;
     loop {
-        let up = matches!(probe::get(&url, "/health", timeout), Ok(r) if (200..300).contains(&r.status));
+        let up = match probe::get(&url, "/health", timeout) {
+            Ok(r) => (200..300).contains(&r.status),
+            // Our process is out of descriptors: that says nothing about the worker, so its
+            // state stands until a probe can be made.
+            Err(e) if crate::io::is_resource_exhaustion(&e) => {
+                crate::debug!("worker {}: probe skipped: {e}", url.url);
+                healthy
+            }
+            Err(_) => false,
+        };
         let mut new_model = None;
         if up && model.is_none() {
             new_model = probe::discover_model(&url, timeout);

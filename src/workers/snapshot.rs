@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::{WorkerId, WorkerUrl};
+use super::url::{WorkerId, WorkerUrl};
 
 pub type Registry = Arc<ArcSwap<Snapshot>>;
 

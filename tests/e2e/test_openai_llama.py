@@ -116,3 +116,21 @@ def test_unknown_model_is_a_404_envelope(client):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
     assert e.value.response.headers["x-smg-error-code"] == "model_not_found"
     assert e.value.body["code"] == "model_not_found"
+
+
+def test_concurrent_streams_all_succeed(client):
+    """llama.cpp closes its connection after each streamed response although it announced
+    keep-alive; such sockets must never be pooled, or the next request takes a dead one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Say {i}."}], max_tokens=3, temperature=0,
+            stream=True)
+        chunks = list(stream)
+        assert any(c.choices and c.choices[0].finish_reason for c in chunks), f"stream {i} did not finish"
+        return True
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(one, range(200)))
+    assert results == [True] * 200

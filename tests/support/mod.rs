@@ -12,6 +12,28 @@ use std::time::{Duration, Instant};
 
 use sonic_rs::JsonValueTrait;
 
+// === Patience ===
+
+/// `d` scaled by `SMG_TEST_PATIENCE_MS / 1000` (default 1000: as written).
+pub fn patience(d: Duration) -> Duration {
+    let ms = std::env::var("SMG_TEST_PATIENCE_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1000).max(1);
+    d.mul_f64(ms as f64 / 1000.0)
+}
+
+/// Polls `cond` every 5 ms for at most `within`; true once it held.
+pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -34,6 +56,12 @@ pub struct Gateway {
 impl Gateway {
     /// Starts `smg launch` with `args` (plus --host/--port) and waits for /liveness.
     pub fn start(legacy: bool, args: &[&str]) -> Gateway {
+        Self::start_with(legacy, args, None)
+    }
+
+    /// [`Gateway::start`] with the descriptor limit (soft and hard) set to `nofile`. A gateway
+    /// that exits at start (a bad flag) fails the test at once with its stderr.
+    pub fn start_with(legacy: bool, args: &[&str], nofile: Option<u64>) -> Gateway {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("smg-test-{}-{port}.log", std::process::id()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
@@ -43,14 +71,36 @@ impl Gateway {
         } else {
             cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
         }
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
-        let gw = Gateway { port, child, log };
-        gw.wait_status("/liveness", 200);
-        gw
+        let mut gw = Gateway { port, child, log };
+        let until = Instant::now() + patience(Duration::from_secs(20));
+        loop {
+            if let Some(status) = gw.child.try_wait().unwrap() {
+                panic!("gateway {args:?} exited at start ({status}):\n{}", gw.log_text());
+            }
+            if try_get(port, "/liveness").is_ok_and(|r| r.status == 200) {
+                return gw;
+            }
+            assert!(Instant::now() < until, "gateway never answered /liveness; log:\n{}", gw.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn wait_status(&self, path: &str, want: u16) {
-        let until = Instant::now() + Duration::from_secs(20);
+        let until = Instant::now() + patience(Duration::from_secs(20));
         loop {
             if let Ok(r) = try_get(self.port, path) {
                 if r.status == want {
@@ -69,7 +119,7 @@ impl Gateway {
     /// Waits until `n` workers are routable. Readiness needs only one, and a request for a
     /// model whose worker has not answered its probe yet is a 404.
     pub fn ready_workers(&self, n: usize) {
-        let until = Instant::now() + Duration::from_secs(20);
+        let until = Instant::now() + patience(Duration::from_secs(20));
         let want = format!("\"healthy_workers\":{n}");
         while !try_get(self.port, "/readiness").map(|r| r.text().contains(&want)).unwrap_or(false) {
             assert!(Instant::now() < until, "{n} workers never came up; log:\n{}", self.log_text());
@@ -484,7 +534,7 @@ pub fn post_bytes(path: &str, body: &str, headers: &[&str]) -> String {
 
 /// True when the peer closed `s` (read returns EOF or reset) within `within`.
 pub fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
-    s.set_read_timeout(Some(within)).unwrap();
+    s.set_read_timeout(Some(patience(within))).unwrap();
     let mut tmp = [0u8; 4096];
     loop {
         match s.read(&mut tmp) {

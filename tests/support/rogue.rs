@@ -14,8 +14,6 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -23,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use sonic_rs::JsonValueTrait;
 
-use super::{read_response, try_get, Gateway, Response};
+use super::{patience, read_response, wait_until, Response};
 
 /// How the worker answers POSTs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -416,70 +414,10 @@ fn peer_closes_within(s: &mut TcpStream, st: &RogueState, within: Duration) -> b
 
 // === Helpers for the hardening tests ===
 
-/// `d` scaled by `SMG_TEST_PATIENCE_MS / 1000` (default 1000: as written).
-pub fn patience(d: Duration) -> Duration {
-    let ms = std::env::var("SMG_TEST_PATIENCE_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1000).max(1);
-    d.mul_f64(ms as f64 / 1000.0)
-}
-
-/// Polls `cond` every 5 ms for at most `within`; true once it held.
-pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// One lock per test binary: the load-heavy tests must not time each other's bounds.
 pub fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Starts `smg launch` like `Gateway::start`, optionally with RLIMIT_NOFILE lowered to
-/// `nofile` (soft and hard), and fails at once, with the gateway's stderr, if it exits
-/// instead of answering /liveness (an unknown flag, say).
-pub fn start_gateway(legacy: bool, args: &[&str], nofile: Option<u64>) -> Gateway {
-    let port = super::free_port();
-    let log = std::env::temp_dir().join(format!("smg-rogue-test-{}-{port}.log", std::process::id()));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
-    cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
-    if legacy {
-        cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
-    } else {
-        cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
-    }
-    if let Some(n) = nofile {
-        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    let child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
-    let mut gw = Gateway { port, child, log };
-    let until = Instant::now() + patience(Duration::from_secs(20));
-    loop {
-        if let Some(status) = gw.child.try_wait().unwrap() {
-            panic!("gateway {args:?} exited at start ({status}):\n{}", gw.log_text());
-        }
-        if try_get(port, "/liveness").is_ok_and(|r| r.status == 200) {
-            return gw;
-        }
-        assert!(Instant::now() < until, "gateway never answered /liveness; log:\n{}", gw.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Connects to the gateway with `timeout` as read and write timeout.

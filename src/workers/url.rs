@@ -1,0 +1,71 @@
+//! How a worker is named: its stable id, and its URL as given on the command line.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+/// A worker's name for as long as it is registered: handed out once by the control thread,
+/// never reused, and independent of where the worker sits in a Snapshot, so per-shard pools
+/// and load tables keyed by it stay right while workers come and go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorkerId(pub u32);
+
+impl WorkerId {
+    /// For tables indexed by id (ids are dense: handed out in order from 0).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A worker as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerUrl {
+    /// The registered URL (as given, without a trailing slash): the value of
+    /// `x-smg-routed-worker-id`.
+    pub url: String,
+    /// `host:port` for the Host header.
+    pub authority: String,
+    pub addr: SocketAddr,
+}
+
+// === impl WorkerUrl ===
+
+impl WorkerUrl {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let url = raw.trim_end_matches('/');
+        let rest =
+            url.strip_prefix("http://").ok_or_else(|| format!("'{raw}': only http:// worker URLs are supported"))?;
+        if rest.is_empty() || rest.contains('/') || rest.contains('@') {
+            return Err(format!("'{raw}': expected http://host[:port]"));
+        }
+        let authority = if rest.starts_with('[')
+            || rest.rsplit_once(':').is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            rest.to_string()
+        } else {
+            format!("{rest}:80")
+        };
+        let addr = authority
+            .to_socket_addrs()
+            .map_err(|e| format!("'{raw}': cannot resolve: {e}"))?
+            .next()
+            .ok_or_else(|| format!("'{raw}': no address"))?;
+        Ok(Self { url: url.to_string(), authority: rest.to_string(), addr })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_worker_urls() {
+        let w = WorkerUrl::parse("http://127.0.0.1:8000/").unwrap();
+        assert_eq!(w.url, "http://127.0.0.1:8000");
+        assert_eq!(w.addr.port(), 8000);
+        assert_eq!(w.authority, "127.0.0.1:8000");
+        assert_eq!(WorkerUrl::parse("http://127.0.0.1").unwrap().addr.port(), 80);
+        assert!(WorkerUrl::parse("https://x:1").is_err());
+        assert!(WorkerUrl::parse("grpc://x:1").is_err());
+        assert!(WorkerUrl::parse("http://").is_err());
+        assert!(WorkerUrl::parse("http://127.0.0.1:1/v1").is_err());
+    }
+}
