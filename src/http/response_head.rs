@@ -47,9 +47,11 @@ pub struct ResponseHead {
 pub struct BadResponse(pub &'static str);
 
 /// Headers never relayed from a worker: hop-by-hop ones (RFC 9110 §7.6.1), framing we
-/// redo ourselves, and the ones the gateway owns.
+/// redo ourselves, and the ones the gateway owns (`date` too: the client gets the gateway's
+/// clock once, as nginx does, not two `Date` lines).
 fn dropped(name: &[u8]) -> bool {
-    const DROP: [&[u8]; 12] = [
+    const DROP: [&[u8]; 13] = [
+        b"date",
         b"connection",
         b"keep-alive",
         b"proxy-connection",
@@ -218,7 +220,7 @@ mod tests {
 
     #[test]
     fn parses_and_filters() {
-        let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nX-SMG-Error-Code: x\r\nX-Request-Id: w\r\nX-Other: 1\r\n\r\nrest";
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nX-SMG-Error-Code: x\r\nX-Request-Id: w\r\nDate: Tue, 01 Dec 2026 09:00:00 GMT\r\nX-Other: 1\r\n\r\nrest";
         let h = parse_response(raw).unwrap().unwrap();
         assert_eq!(h.status, 200);
         assert_eq!(h.body, ResponseBody::Chunked);
