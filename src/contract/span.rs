@@ -16,7 +16,7 @@ pub struct Splice {
 }
 
 /// The body with `edits` applied. `edits` must be sorted and non-overlapping (as
-/// [`super::inspect`] returns them).
+/// `inspect` returns them).
 pub fn apply(body: &[u8], edits: &[Splice]) -> Vec<u8> {
     let mut out = Vec::new();
     apply_into(body, edits, &mut out);

@@ -28,11 +28,10 @@
 //! conversation's KV cache. Two mechanisms fix that:
 //!
 //! 1. **Insert digests.** Every routed insert is also appended to the shard's outbox as
-//!    (root, key, worker URL). The shard's owner drains it with
-//!    [`ShardRouter::take_digest`](super::ShardRouter::take_digest) every ~100 ms, shares the
-//!    [`Digest`] with every other shard (an `Arc` through each shard's bounded inbox, with
-//!    `try_send`: a full inbox drops the digest, which costs hit quality, never latency), and
-//!    each peer replays it with [`ShardRouter::apply_digest`](super::ShardRouter::apply_digest):
+//!    (root, key, worker URL). The shard's owner drains it with `ShardRouter::take_digest`
+//!    every ~100 ms, shares the [`Digest`] with every other shard (an `Arc` through each
+//!    shard's bounded inbox, with `try_send`: a full inbox drops the digest, which costs hit
+//!    quality, never latency), and each peer replays it with `ShardRouter::apply_digest`:
 //!    a plain insert into its own tree. A conversation's next turn arrives a response time and
 //!    a think time after its previous turn was routed (seconds), far longer than the digest
 //!    period, so by then every shard's tree holds the path. The outbox is bounded
@@ -56,11 +55,12 @@
 
 use std::sync::Arc;
 
+use super::config::RoutingConfig;
 use super::hashing::{hash_bytes, hash_str, hash_tokens, mix};
 use super::radix::{Elem, RadixTree, TreeStats};
 use super::simple::least_loaded_by_key;
+use super::types::{Candidate, RouteInput};
 use super::workers::{Slots, View};
-use super::{Candidate, RouteInput, RoutingConfig};
 
 /// A digest carries at most this many inserts; later ones wait for the next digest... or are
 /// dropped if the outbox is full (see `MAX_DIGEST_BYTES`).

@@ -6,11 +6,12 @@
 //! body `rid` with `--routing-key-override`, the routing key header, then `Authorization`,
 //! `X-Forwarded-For`, `Cookie`; with none, a random worker.
 
+use super::config::RoutingConfig;
 use super::hashing::hash_str;
 use super::headers::{parse_target_worker, rid_key};
 use super::rng::WyRand;
+use super::types::{RouteError, RouteInput};
 use super::workers::View;
-use super::{RouteError, RouteInput, RoutingConfig};
 
 /// The session key `consistent_hashing` hashes, in SMG's priority order (after the target
 /// worker, which the caller handles).

@@ -14,10 +14,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::config::AssignmentMode;
 use super::hashing::{hash_str, mix};
 use super::simple::least_loaded_by_key;
+use super::types::Candidate;
 use super::workers::View;
-use super::{AssignmentMode, Candidate};
 
 const NO_SLOT: u32 = u32::MAX;
 

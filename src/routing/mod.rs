@@ -38,6 +38,7 @@ mod radix;
 mod rng;
 mod simple;
 mod text;
+mod types;
 mod workers;
 
 #[cfg(test)]
@@ -54,58 +55,11 @@ pub use loads::parse_sglang_loads;
 pub use prefix_hash::CHARS_PER_TOKEN;
 pub use radix::{TreeStats, NODE_CHARGE};
 pub use text::{body_rid, namespace, routing_text, scan_body, BodyFields, RoutingSignal, TextSource};
+pub use types::{Candidate, RouteError, RouteInput};
 
 use manual::StickyMap;
 use rng::WyRand;
 use workers::{Slots, View, Views};
-
-/// One of the model's available (healthy) workers, in registration order (stable across
-/// shards).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Candidate<'a> {
-    pub url: &'a str,
-    /// This gateway's in-flight requests on the worker (held until the response ends).
-    pub load: usize,
-    /// The last figure polled from the worker's `/v1/loads` ([`parse_sglang_loads`]), if any.
-    pub engine_load: Option<u64>,
-}
-
-/// Everything routing may look at for one request; all borrowed from the request head/body.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RouteInput<'a> {
-    pub model: &'a str,
-    /// Routing text ([`scan_body`] / [`routing_text`]).
-    pub text: Option<&'a str>,
-    /// Token ids: a valid `X-SMG-Routing-Tokens` hint, else the body's ids. Takes precedence
-    /// over `text`.
-    pub tokens: Option<&'a [u32]>,
-    /// Prefix-cache namespace ([`namespace`]).
-    pub namespace: Option<&'a str>,
-    /// The first valid value among `--routing-key-headers` ([`first_routing_key`]).
-    pub routing_key: Option<&'a str>,
-    /// `X-SMG-Target-Worker`, raw.
-    pub target_worker: Option<&'a str>,
-    pub authorization: Option<&'a str>,
-    pub forwarded_for: Option<&'a str>,
-    pub cookie: Option<&'a str>,
-    /// The body `rid`, unstripped (read only with `--routing-key-override`).
-    pub rid: Option<&'a str>,
-}
-
-/// Why no worker was chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteError {
-    /// No candidate, or `X-SMG-Target-Worker` names none: 503 `no_available_workers`.
-    NoWorker,
-}
-
-impl std::fmt::Display for RouteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("no available workers")
-    }
-}
-
-impl std::error::Error for RouteError {}
 
 /// Size figures of one shard's routing state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

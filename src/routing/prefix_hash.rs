@@ -8,11 +8,12 @@
 //! the ring's owner takes it anyway.
 
 use super::cache_aware::root_key;
+use super::config::RoutingConfig;
 use super::hashing::{hash_bytes, hash_str, hash_tokens, mix};
 use super::rng::WyRand;
 use super::simple::least_load;
+use super::types::{Candidate, RouteInput};
 use super::workers::View;
-use super::{Candidate, RouteInput, RoutingConfig};
 
 /// Bytes of text per token when the prompt is not tokenized (SMG's estimate).
 pub const CHARS_PER_TOKEN: usize = 4;

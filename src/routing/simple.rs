@@ -2,7 +2,7 @@
 
 use super::hashing::mix;
 use super::rng::WyRand;
-use super::Candidate;
+use super::types::Candidate;
 
 /// `random`: uniform over the candidates.
 pub(crate) fn random(rng: &mut WyRand, n: usize) -> usize {

@@ -96,7 +96,7 @@ pub fn namespace(body: &[u8]) -> Option<String> {
     scan_body(TextSource::Chat, body)?.namespace
 }
 
-/// The body `rid` (unstripped; see [`crate::routing::sticky_rid`]).
+/// The body `rid` (unstripped; see [`sticky_rid`](super::headers::sticky_rid)).
 pub fn body_rid(body: &[u8]) -> Option<String> {
     scan_body(TextSource::Chat, body)?.rid
 }

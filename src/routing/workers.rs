@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::hashing::{hash_str, mix, HashRing};
-use super::Candidate;
+use super::types::Candidate;
 
 /// "No candidate index" in `View::idx_of`.
 pub(crate) const NO_IDX: u32 = u32::MAX;

@@ -9,7 +9,7 @@ use super::super::json::Kind;
 use super::super::messages::Role;
 use super::super::span::Edits;
 use super::super::tools::{tool_shape, Tool};
-use super::{approx_eq, starts_with_ci};
+use super::compare::{approx_eq, starts_with_ci};
 
 /// Tool names longer than this are rejected.
 const MAX_TOOL_NAME_LEN: usize = 256;

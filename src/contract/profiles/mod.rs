@@ -3,6 +3,7 @@
 //! Each profile adds validation rules and rewrites on top of the OpenAI baseline for
 //! `/v1/chat/completions` only. Rewrites are byte splices (see [`super::span`]).
 
+mod compare;
 mod deepseek;
 mod kimi;
 mod minimax;
@@ -14,6 +15,8 @@ use super::fields::Result;
 use super::messages::Role;
 use super::span::{apply, Edits};
 use super::tools::Tool;
+
+use compare::starts_with_ci;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Profile {
@@ -168,24 +171,4 @@ fn rewrite_messages(profile: Profile, chat: &Chat<'_>, edits: &mut Edits, warnin
     let (first, _) = span(0);
     let (_, last) = span(chat.messages.len() - 1);
     edits.push(first, last, text);
-}
-
-/// Case-insensitive ASCII prefix test.
-pub fn starts_with_ci(s: &str, prefix: &str) -> bool {
-    s.get(..prefix.len()).is_some_and(|head| head.eq_ignore_ascii_case(prefix))
-}
-
-/// Whether any segment of `model` starts with one of `markers`, the marker not continued by
-/// another digit (`glm-5.3` is not `glm-5.30`).
-pub fn segment_matches(model: &str, markers: &[&str]) -> bool {
-    model.split('/').any(|segment| {
-        markers
-            .iter()
-            .any(|m| starts_with_ci(segment, m) && !segment.as_bytes().get(m.len()).is_some_and(u8::is_ascii_digit))
-    })
-}
-
-/// f32 equality the way SMG compares pinned sampling values.
-pub fn approx_eq(a: f64, b: f32) -> bool {
-    ((a as f32) - b).abs() < 1e-6
 }

@@ -5,7 +5,7 @@ use super::super::error::ContractError;
 use super::super::fields::Result;
 use super::super::json::Kind;
 use super::super::span::Edits;
-use super::segment_matches;
+use super::compare::segment_matches;
 
 /// Models docs.z.ai gives `temperature` 1.0 / `top_p` 0.95 defaults.
 const DEFAULTS_MARKERS: [&str; 5] = ["glm-5", "glm5", "glm_5", "glm-4.6", "glm-4.7"];
