@@ -669,3 +669,310 @@ fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
+
+/// What a client must get for one [`Mode::PerRequest`] fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// 200, whole (a stream ends with its terminating chunk and `[DONE]`), naming its tag.
+    Own,
+    /// 200 with the head and some of its own events, then cut short (no terminating chunk).
+    CutShort,
+    /// 502 with the error envelope and `x-smg-error-code`.
+    BadGateway,
+}
+
+/// One fault the fuzz loop can pick: its `"fault"` name, its weight (of 100), whether the
+/// request asks for a stream, and what the client must get.
+struct FaultCase {
+    name: &'static str,
+    weight: u64,
+    stream: bool,
+    expect: Expect,
+}
+
+const FAULT_CASES: [FaultCase; 14] = [
+    FaultCase { name: "ok", weight: 17, stream: false, expect: Expect::Own },
+    FaultCase { name: "ok_stream", weight: 10, stream: true, expect: Expect::Own },
+    FaultCase { name: "stray", weight: 8, stream: false, expect: Expect::Own },
+    FaultCase { name: "stray_late", weight: 5, stream: false, expect: Expect::Own },
+    FaultCase { name: "dup", weight: 7, stream: false, expect: Expect::Own },
+    FaultCase { name: "short_length", weight: 8, stream: false, expect: Expect::Own },
+    FaultCase { name: "close_after_stream", weight: 8, stream: true, expect: Expect::Own },
+    FaultCase { name: "close_after_reply", weight: 8, stream: false, expect: Expect::Own },
+    FaultCase { name: "close_silent", weight: 5, stream: false, expect: Expect::BadGateway },
+    FaultCase { name: "die_mid_stream", weight: 6, stream: true, expect: Expect::CutShort },
+    FaultCase { name: "bad_chunk", weight: 6, stream: true, expect: Expect::BadGateway },
+    // Each stall costs --upstream-read-timeout-secs (1 s): rare, to keep the test short.
+    FaultCase { name: "stall", weight: 5, stream: true, expect: Expect::CutShort },
+    FaultCase { name: "said_close", weight: 4, stream: false, expect: Expect::Own },
+    FaultCase { name: "close_delimited", weight: 3, stream: false, expect: Expect::Own },
+];
+
+/// The fault case a roll in 0..100 lands on.
+fn fault_case(roll: u64) -> &'static FaultCase {
+    let mut acc = 0;
+    for c in &FAULT_CASES {
+        acc += c.weight;
+        if roll < acc {
+            return c;
+        }
+    }
+    &FAULT_CASES[0]
+}
+
+/// Every complete `"tag":"…"` value in `text`.
+fn tags_in(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(r#""tag":""#) {
+        rest = &rest[i + 7..];
+        match rest.find('"') {
+            Some(j) => {
+                out.push(rest[..j].to_string());
+                rest = &rest[j..];
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// Sends one request on `s` and reads its response; a reader that chokes on the bytes
+/// (a malformed chunk relayed as is, say) is a failure, not a panic of the test.
+fn request_on(s: &mut TcpStream, rest: &mut Vec<u8>, body: &str) -> Result<Response, String> {
+    s.write_all(post_bytes("/v1/chat/completions", body, &[]).as_bytes()).map_err(|e| format!("write: {e}"))?;
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_response(s, rest, false))) {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(format!("no (complete) response: {e}; unparsed bytes {:?}", String::from_utf8_lossy(rest))),
+        Err(_) => Err(format!("unreadable response; unparsed bytes {:?}", String::from_utf8_lossy(rest))),
+    }
+}
+
+/// Whether `got` is what a client whose request carried `tag` and `case.name` may get.
+fn check_answer(tag: &str, case: &FaultCase, got: &Result<Response, String>) -> Result<(), String> {
+    let r = got.as_ref().map_err(|e| e.clone())?;
+    let text = r.text();
+    let tags = tags_in(&text);
+    if let Some(other) = tags.iter().find(|t| *t != tag) {
+        return Err(format!("bytes of another answer: tag {other:?} in {} {text:?}", r.status));
+    }
+    match (r.status, case.expect) {
+        (200, Expect::Own) if !r.complete => Err(format!("cut short: {text:?}")),
+        (200, Expect::Own) if case.stream => {
+            let whole = (0..3).all(|k| text.contains(&format!("{{\"tag\":\"{tag}\",\"i\":{k}}}")))
+                && text.ends_with("data: [DONE]\n\n");
+            if whole {
+                Ok(())
+            } else {
+                Err(format!("stream incomplete: {text:?}"))
+            }
+        }
+        (200, Expect::Own) if text == format!(r#"{{"tag":"{tag}"}}"#) => Ok(()),
+        (200, Expect::Own) => Err(format!("body is not its answer: {text:?}")),
+        (200, Expect::CutShort) if r.complete => Err(format!("a broken stream ended as if whole: {text:?}")),
+        (200, Expect::CutShort) if tags.is_empty() => Err(format!("cut short before its own events: {text:?}")),
+        (200, Expect::CutShort) => Ok(()),
+        (502 | 504, _) => {
+            let v: sonic_rs::Value = sonic_rs::from_slice(&r.body)
+                .map_err(|e| format!("{} without a JSON envelope ({e}): {text:?}", r.status))?;
+            let want_type = if r.status == 502 { "Bad Gateway" } else { "Gateway Timeout" };
+            let code = v["error"]["code"].as_str();
+            if v["error"]["type"].as_str() != Some(want_type) || code.is_none() || r.header("x-smg-error-code") != code
+            {
+                return Err(format!(
+                    "{} envelope wrong (x-smg-error-code {:?}): {text:?}",
+                    r.status,
+                    r.header("x-smg-error-code")
+                ));
+            }
+            if case.expect == Expect::BadGateway && r.status == 502 {
+                Ok(())
+            } else {
+                Err(format!("want {:?}, got {} {text:?}", case.expect, r.status))
+            }
+        }
+        (status, want) => Err(format!("want {want:?}, got {status} {text:?}")),
+    }
+}
+
+/// Pooled upstream connections meet workers that misbehave per request: a seeded RNG picks,
+/// for each of a few hundred sequential requests, the worker's fault (stray bytes at once or
+/// late, a duplicated response, a short Content-Length, a close after a reply or a stream, a
+/// close without a reply, a stream dying mid-body, a malformed first chunk, a stall after
+/// the head, `Connection: close` on a socket left open, a close-delimited body, or a
+/// correct answer; see [`FAULT_CASES`]) and whether the request rides the client's
+/// keep-alive connection or a new one. One shard, so every request shares one pool. Each request must
+/// get its own answer, a 502 with the envelope, or (a fault mid-body) its own answer cut
+/// short, within the bound: never another request's bytes. The worker reports any request
+/// that arrived on a connection after bytes past an answer, and at the end the gateway is
+/// alive, serves, and holds no more descriptors than before.
+///
+/// `SMG_FUZZ_SEED` (decimal or 0x-hex) replays another sequence.
+#[test]
+fn pooled_reuse_survives_per_request_faults() {
+    const STEPS: usize = 300;
+    let _serial = serial();
+    let seed0 = std::env::var("SMG_FUZZ_SEED")
+        .ok()
+        .and_then(|v| match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        })
+        .unwrap_or(0x5eed_c0de);
+    for c in &FAULT_CASES {
+        assert!(FAULTS.contains(&c.name), "the rogue worker knows no fault {:?}", c.name);
+    }
+    both_drivers(|legacy| {
+        let t0 = Instant::now();
+        let driver = if legacy { "epoll" } else { "io_uring" };
+        let w = RogueWorker::start("m", Mode::PerRequest);
+        let mut gw = gateway(
+            legacy,
+            &w.url(),
+            &["--cores", "1", "--upstream-read-timeout-secs", "1", "--request-timeout-secs", "5"],
+        );
+        let port = gw.port;
+        let body = |tag: &str, case: &FaultCase| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"hi {tag}"}}],"stream":{},"tag":"{tag}","fault":"{}"}}"#,
+                case.stream, case.name
+            )
+        };
+        let clean = |tag: &str| {
+            let mut s = connect_with(port, secs(6)).map_err(|e| format!("connect: {e}"))?;
+            let got = request_on(&mut s, &mut Vec::new(), &body(tag, &FAULT_CASES[0]));
+            check_answer(tag, &FAULT_CASES[0], &got)
+        };
+        // Warm up the pool and lazily made state before the baseline.
+        clean("warm").unwrap_or_else(|e| panic!("precondition: a clean request failed: {e}"));
+        std::thread::sleep(Duration::from_millis(200));
+        let baseline = gw.fd_count();
+
+        let mut seed = seed0;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        // The client's keep-alive connection: socket, bytes read past the last answer, its
+        // number, and requests it carried so far.
+        let mut conn: Option<(TcpStream, Vec<u8>, usize, usize)> = None;
+        let (mut conns, mut reused_client) = (0usize, 0usize);
+        let mut history: Vec<String> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        let deadline = Instant::now() + secs(25);
+        let (mut steps, mut late) = (0, 0);
+        let mut picked = [0usize; FAULT_CASES.len()];
+        for i in 0..STEPS {
+            if failures.len() >= 5 || Instant::now() > deadline {
+                break;
+            }
+            steps += 1;
+            let case = fault_case(next() % 100);
+            picked[FAULT_CASES.iter().position(|c| c.name == case.name).unwrap()] += 1;
+            let keep_alive = next() % 3 != 0;
+            let tag = format!("q{i}");
+            let started = Instant::now();
+            let (got, how) = if keep_alive {
+                if conn.is_none() {
+                    conns += 1;
+                    match connect_with(port, secs(6)) {
+                        Ok(s) => conn = Some((s, Vec::new(), conns, 0)),
+                        Err(e) => {
+                            failures.push(format!("step {i} ({}): connect: {e}", case.name));
+                            continue;
+                        }
+                    }
+                }
+                let (s, rest, n, used) = conn.as_mut().unwrap();
+                *used += 1;
+                if *used > 1 {
+                    reused_client += 1;
+                }
+                let how = format!("client connection {n}, request {used} on it");
+                (request_on(s, rest, &body(&tag, case)), how)
+            } else {
+                let got = connect_with(port, secs(6))
+                    .map_err(|e| format!("connect: {e}"))
+                    .and_then(|mut s| request_on(&mut s, &mut Vec::new(), &body(&tag, case)));
+                (got, "new client connection".to_string())
+            };
+            let took = started.elapsed();
+            let verdict = check_answer(&tag, case, &got).and_then(|()| {
+                if took > secs(6) {
+                    Err(format!("answered only after {took:?}"))
+                } else {
+                    Ok(())
+                }
+            });
+            let summary = match &got {
+                Ok(r) => format!("{} complete={} {:?}", r.status, r.complete, r.header("x-smg-error-code")),
+                Err(e) => e.clone(),
+            };
+            history.push(format!("step {i}: {tag} {} on {how}: {summary} in {took:?}", case.name));
+            if let Err(e) = verdict {
+                let recent = history[history.len().saturating_sub(8)..].join("\n  ");
+                failures.push(format!("step {i}: {tag} {} on {how}: {e}\n  last steps:\n  {recent}", case.name));
+            }
+            // The client's connection goes on only after a whole answer that did not close it,
+            // and not always: the RNG also retires it.
+            let whole = got
+                .as_ref()
+                .is_ok_and(|r| r.complete && !r.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")));
+            if keep_alive && (!whole || next() % 6 == 0) {
+                conn = None;
+            }
+            // A stray answer written 50 ms late must land while its socket sits in the pool,
+            // where the gateway can see it; one landing after the gateway reused the socket
+            // would be a valid-looking answer to the next request, which no HTTP/1.1 client
+            // can tell apart. So the next request waits for it.
+            if case.name == "stray_late" {
+                late += 1;
+                let written = wait_until(secs(2), || w.state.late_strays.load(Ordering::SeqCst) >= late);
+                assert!(written, "{driver}, seed {seed0:#x}: {tag}: the worker never wrote its late stray answer");
+            }
+        }
+        drop(conn);
+        let ran = t0.elapsed();
+        let dirty = w.state.dirty_reuse.lock().unwrap().clone();
+        let (posts, post_conns) = (w.state.posts.load(Ordering::SeqCst), w.state.post_conns.load(Ordering::SeqCst));
+        eprintln!(
+            "{driver}: {steps} steps in {ran:?}; worker saw {posts} POSTs on {post_conns} connections; \
+             {reused_client} requests on a reused client connection; faults {:?}",
+            FAULT_CASES.iter().map(|c| c.name).zip(picked).collect::<Vec<_>>()
+        );
+        let log = gw.log_text();
+        assert!(
+            failures.is_empty(),
+            "{driver}, seed {seed0:#x} (SMG_FUZZ_SEED): {} of {steps} steps failed (a run stops after 5):\n{}\n\
+             dirty reuse seen by the worker ({}): {:?}\ngateway log tail:\n{}",
+            failures.len(),
+            failures.join("\n"),
+            dirty.len(),
+            &dirty[..dirty.len().min(5)],
+            tail(&log)
+        );
+        assert!(
+            dirty.is_empty(),
+            "{driver}, seed {seed0:#x}: the gateway reused {} dirty connections; first: {:?}",
+            dirty.len(),
+            &dirty[..dirty.len().min(5)]
+        );
+        assert_eq!(steps, STEPS, "{driver}, seed {seed0:#x}: only {steps} of {STEPS} steps within {:?}", secs(25));
+        // The run must have exercised what it is about.
+        assert!(
+            posts >= post_conns + STEPS / 6,
+            "precondition: only {posts} POSTs on {post_conns} worker connections: the pool was rarely reused"
+        );
+        assert!(reused_client >= STEPS / 5, "precondition: only {reused_client} requests on reused client connections");
+        assert!(gw.alive(), "{driver}: gateway died; log:\n{}", tail(&gw.log_text()));
+        clean("final").unwrap_or_else(|e| panic!("{driver}, seed {seed0:#x}: a clean request after the run: {e}"));
+        let mut now = gw.fd_count();
+        let settled = wait_until(secs(8), || {
+            now = gw.fd_count();
+            now <= baseline + 2
+        });
+        assert!(settled, "{driver}, seed {seed0:#x}: descriptors: baseline {baseline}, still {now} after the run");
+    });
+}

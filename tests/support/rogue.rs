@@ -6,7 +6,8 @@
 //! /v1/models` naming its model, Content-Length framed, keep-alive); its POST answers
 //! misbehave in the way its [`Mode`] says. A POST body may carry `"tag"` (echoed back so a
 //! client can tell its own answer from another's), `"stream"` (EndlessStream only streams
-//! when it is true) and `"delay_ms"` (Restartable waits that long before answering).
+//! when it is true), `"delay_ms"` (Restartable waits that long before answering) and
+//! `"fault"` (PerRequest: which misbehaviour this one answer has).
 //!
 //! Every wait in here and in the tests is scaled by [`patience`]: `SMG_TEST_PATIENCE_MS`
 //! is how long a nominal second lasts (default 1000), so `SMG_TEST_PATIENCE_MS=3000` makes
@@ -44,7 +45,44 @@ pub enum Mode {
     EndlessStream,
     /// Answers with this status line (`HTTP/1.1 <code> <phrase>`; the phrase may be empty).
     Status(u16, &'static str),
+    /// The POST body's `"fault"` field picks the misbehaviour of each answer, so one worker
+    /// (and one pooled connection) can go through many of them in a row. See [`FAULTS`].
+    PerRequest,
 }
+
+/// The `"fault"` values [`Mode::PerRequest`] knows (anything else answers like `ok`):
+///
+/// - `ok`: a correct keep-alive Content-Length answer `{"tag":…}`.
+/// - `ok_stream`: a correct keep-alive chunked SSE stream of three events and `[DONE]`.
+/// - `stray`, `stray_late`, `close_after_stream`, `stall`, `bad_chunk`: as
+///   [`Mode::StrayBytes`], [`Mode::StrayBytesLate`], [`Mode::CloseAfterStream`],
+///   [`Mode::StallAfterHead`] and [`Mode::BadFirstChunk`].
+/// - `dup`: the correct answer twice, in one write.
+/// - `short_length`: Content-Length covers `{"tag":…}`, but more body bytes follow it in
+///   the same write.
+/// - `close_after_reply`: the correct keep-alive answer, then the socket is closed without
+///   a word.
+/// - `close_silent`: the request is read and the socket closed, with no byte of answer.
+/// - `die_mid_stream`: a chunked SSE head and two events, then the socket is closed.
+/// - `said_close`: the correct answer with `Connection: close`, but the worker leaves the
+///   socket open (and would answer on it) until the gateway closes it.
+/// - `close_delimited`: a head without Content-Length or chunking, the body, then the close.
+pub const FAULTS: [&str; 14] = [
+    "ok",
+    "ok_stream",
+    "stray",
+    "stray_late",
+    "dup",
+    "short_length",
+    "close_after_stream",
+    "close_after_reply",
+    "close_silent",
+    "die_mid_stream",
+    "bad_chunk",
+    "stall",
+    "said_close",
+    "close_delimited",
+];
 
 #[derive(Default)]
 pub struct RogueState {
@@ -59,6 +97,13 @@ pub struct RogueState {
     pub closed_at: Mutex<Vec<Instant>>,
     /// POST-carrying connections the worker closed itself (CloseAfterStream, give-ups).
     pub self_closed: AtomicUsize,
+    /// POSTs that arrived on a connection after the worker had written bytes past the end of
+    /// an answer on it (stray, duplicated or beyond Content-Length) or answered on it with
+    /// `Connection: close`: the gateway reused a connection it should have known was not
+    /// reusable. One line per such POST.
+    pub dirty_reuse: Mutex<Vec<String>>,
+    /// Late stray answers written (or tried: the gateway may have closed the socket).
+    pub late_strays: AtomicUsize,
     /// Serving threads still running.
     live: AtomicUsize,
     /// A clone of every open connection, so they can be killed from outside.
@@ -212,6 +257,8 @@ fn serve(mut s: TcpStream, id: usize, st: &RogueState, mode: Mode, model: &str) 
     let _ = s.set_nodelay(true);
     let mut buf = Vec::new();
     let mut carried_post = false;
+    // Set once this connection carries bytes that belong to no request.
+    let mut dirty: Option<&'static str> = None;
     let end = 'conn: loop {
         let (req, used) = loop {
             if let Some(p) = parse(&buf) {
@@ -239,7 +286,11 @@ fn serve(mut s: TcpStream, id: usize, st: &RogueState, mode: Mode, model: &str) 
                     st.post_conns.fetch_add(1, Ordering::SeqCst);
                 }
                 st.posts.fetch_add(1, Ordering::SeqCst);
-                answer_post(&mut s, id, st, mode, &req.body)
+                if let Some(why) = dirty {
+                    let line = format!("connection {id}: POST tag {} after {why}", tag_of(&req.body));
+                    st.dirty_reuse.lock().unwrap().push(line);
+                }
+                answer_post(&mut s, id, st, mode, &req.body, &mut dirty)
             }
             _ => plain(&mut s, "404 Not Found", "text/plain", b"no"),
         };
@@ -286,7 +337,14 @@ fn chunk(data: &str) -> String {
 
 const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n";
 
-fn answer_post(s: &mut TcpStream, id: usize, st: &RogueState, mode: Mode, body: &[u8]) -> Next {
+fn answer_post(
+    s: &mut TcpStream,
+    id: usize,
+    st: &RogueState,
+    mode: Mode,
+    body: &[u8],
+    dirty: &mut Option<&'static str>,
+) -> Next {
     let tag = tag_of(body);
     let v: sonic_rs::Value = sonic_rs::from_slice(body).unwrap_or_default();
     let json = format!(r#"{{"tag":"{tag}"}}"#);
@@ -303,13 +361,17 @@ fn answer_post(s: &mut TcpStream, id: usize, st: &RogueState, mode: Mode, body: 
                 stray_body.len()
             );
             if mode == Mode::StrayBytes {
+                *dirty = Some("a stray response in the same write");
                 return write(s, format!("{real}{stray}").as_bytes());
             }
             if let Next::PeerGone = write(s, real.as_bytes()) {
                 return Next::PeerGone;
             }
             std::thread::sleep(Duration::from_millis(50));
-            write(s, stray.as_bytes())
+            *dirty = Some("a stray response written 50 ms late");
+            let next = write(s, stray.as_bytes());
+            st.late_strays.fetch_add(1, Ordering::SeqCst);
+            next
         }
         Mode::CloseAfterStream => {
             if let Next::PeerGone = write(s, SSE_HEAD.as_bytes()) {
@@ -385,6 +447,81 @@ fn answer_post(s: &mut TcpStream, id: usize, st: &RogueState, mode: Mode, body: 
             out.extend_from_slice(json.as_bytes());
             write(s, &out)
         }
+        Mode::PerRequest => per_request(s, id, st, &v, &tag, body, dirty),
+    }
+}
+
+/// One [`Mode::PerRequest`] answer, by the body's `"fault"` (see [`FAULTS`]).
+fn per_request(
+    s: &mut TcpStream,
+    id: usize,
+    st: &RogueState,
+    v: &sonic_rs::Value,
+    tag: &str,
+    body: &[u8],
+    dirty: &mut Option<&'static str>,
+) -> Next {
+    let json = format!(r#"{{"tag":"{tag}"}}"#);
+    let write = |s: &mut TcpStream, b: &[u8]| if s.write_all(b).is_ok() { Next::Keep } else { Next::PeerGone };
+    let length_answer = |len: usize, body: &str| {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: keep-alive\r\n\r\n{body}"
+        )
+    };
+    let events =
+        |n: usize| -> String { (0..n).map(|i| chunk(&format!("data: {{\"tag\":\"{tag}\",\"i\":{i}}}\n\n"))).collect() };
+    let fault = v["fault"].as_str().unwrap_or("ok");
+    let as_mode = match fault {
+        "stray" => Some(Mode::StrayBytes),
+        "stray_late" => Some(Mode::StrayBytesLate),
+        "close_after_stream" => Some(Mode::CloseAfterStream),
+        "stall" => Some(Mode::StallAfterHead),
+        "bad_chunk" => Some(Mode::BadFirstChunk),
+        _ => None,
+    };
+    if let Some(mode) = as_mode {
+        return answer_post(s, id, st, mode, body, dirty);
+    }
+    match fault {
+        "ok_stream" => {
+            let all = format!("{SSE_HEAD}{}{}0\r\n\r\n", events(3), chunk("data: [DONE]\n\n"));
+            write(s, all.as_bytes())
+        }
+        "dup" => {
+            *dirty = Some("a duplicated response in the same write");
+            let one = length_answer(json.len(), &json);
+            write(s, format!("{one}{one}").as_bytes())
+        }
+        "short_length" => {
+            *dirty = Some("body bytes beyond Content-Length");
+            let over = format!(r#"{json},"beyond":"the declared length"}}"#);
+            write(s, length_answer(json.len(), &over).as_bytes())
+        }
+        "close_after_reply" => match write(s, length_answer(json.len(), &json).as_bytes()) {
+            Next::Keep => Next::SelfClose,
+            other => other,
+        },
+        "close_silent" => Next::SelfClose,
+        "said_close" => {
+            *dirty = Some("an answer that said Connection: close");
+            let out = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}",
+                json.len()
+            );
+            write(s, out.as_bytes())
+        }
+        "close_delimited" => {
+            let out = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{json}");
+            match write(s, out.as_bytes()) {
+                Next::Keep => Next::SelfClose,
+                other => other,
+            }
+        }
+        "die_mid_stream" => match write(s, format!("{SSE_HEAD}{}", events(2)).as_bytes()) {
+            Next::Keep => Next::SelfClose,
+            other => other,
+        },
+        _ => write(s, length_answer(json.len(), &json).as_bytes()),
     }
 }
 
