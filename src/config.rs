@@ -4,6 +4,8 @@ use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::admission::auth::AuthConfig;
+use crate::admission::AdmissionConfig;
 use crate::contract::Aliases;
 use crate::log::LogLevel;
 use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
@@ -145,6 +147,43 @@ pub struct LaunchArgs {
     /// for worker connections and probes.
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// One shared API key: serving routes then need `Authorization: Bearer KEY`, and admin
+    /// routes accept it when no control-plane keys are set. Its callers share one identity.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// A tenant's own API key, TENANT:KEY (repeatable); each key is its own tenant. Tenant
+    /// keys open serving routes only, never admin routes.
+    #[arg(long = "tenant-api-key", value_name = "TENANT:KEY")]
+    pub tenant_api_keys: Vec<String>,
+    /// Control-plane keys, ID:NAME:ROLE:KEY with ROLE admin or user (repeatable; also
+    /// CONTROL_PLANE_API_KEYS, comma-separated). When set, admin routes need an admin key.
+    #[arg(
+        long = "control-plane-api-keys",
+        env = "CONTROL_PLANE_API_KEYS",
+        value_delimiter = ',',
+        value_name = "ID:NAME:ROLE:KEY"
+    )]
+    pub control_plane_api_keys: Vec<String>,
+    /// Take the tenant from --tenant-header-name when no API key identified the caller.
+    #[arg(long)]
+    pub trust_tenant_header: bool,
+    /// The header --trust-tenant-header reads.
+    #[arg(long, default_value = "x-smg-tenant-id")]
+    pub tenant_header_name: String,
+    /// Most requests at the workers at once, gateway-wide (-1 = no limit). Past it requests
+    /// wait in the admission queue, their bodies unread.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub max_concurrent_requests: i64,
+    /// Refill of the admission token bucket, tokens per second (default: the
+    /// --max-concurrent-requests value, as SMG; 0 = a pure concurrency cap).
+    #[arg(long)]
+    pub rate_limit_tokens_per_second: Option<i64>,
+    /// Requests that may wait for admission (0 = reject at once with 429).
+    #[arg(long, default_value_t = 100)]
+    pub queue_size: usize,
+    /// Longest wait for admission before 503 admission_queue_timeout.
+    #[arg(long, default_value_t = 60)]
+    pub queue_timeout_secs: u64,
 }
 
 /// What the configuration needs to know about the machine it runs on.
@@ -192,6 +231,9 @@ pub struct Config {
     pub client_write_timeout: Duration,
     pub upstream_read_timeout: Duration,
     pub max_connections: usize,
+    pub auth: AuthConfig,
+    /// None: no admission limit.
+    pub admission: Option<AdmissionConfig>,
 }
 
 fn positive(flag: &str, v: u64) -> Result<Duration, String> {
@@ -259,6 +301,24 @@ impl LaunchArgs {
         })
     }
 
+    fn admission_config(&self) -> Result<Option<AdmissionConfig>, String> {
+        if self.max_concurrent_requests <= 0 {
+            return Ok(None);
+        }
+        let permits = self.max_concurrent_requests as usize;
+        let refill = match self.rate_limit_tokens_per_second {
+            Some(r) if r < 0 => return Err("--rate-limit-tokens-per-second: must be 0 or more".into()),
+            Some(r) => r as f64,
+            None => permits as f64,
+        };
+        Ok(Some(AdmissionConfig {
+            permits,
+            refill_per_sec: refill,
+            queue_size: self.queue_size,
+            queue_timeout: positive("--queue-timeout-secs", self.queue_timeout_secs)?,
+        }))
+    }
+
     pub fn into_config(self, host: Host) -> Result<Config, String> {
         let workers = self
             .worker_urls
@@ -306,6 +366,13 @@ impl LaunchArgs {
             client_write_timeout: positive("--client-write-timeout-secs", self.client_write_timeout_secs)?,
             upstream_read_timeout: positive("--upstream-read-timeout-secs", self.upstream_read_timeout_secs)?,
             max_connections,
+            auth: AuthConfig::parse(
+                self.api_key.as_deref(),
+                &self.tenant_api_keys,
+                &self.control_plane_api_keys,
+                self.trust_tenant_header.then(|| self.tenant_header_name.to_ascii_lowercase()),
+            )?,
+            admission: self.admission_config()?,
         })
     }
 }

@@ -8,6 +8,7 @@
 
 #[macro_use]
 pub mod log;
+pub mod admission;
 pub mod api;
 pub mod civil;
 pub mod config;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
+use crate::admission::permits::{PermitMsg, Permits};
 use crate::config::Config;
 use crate::http::date::{DateCache, LEN as DATE_LEN};
 use crate::http::pool::{Pool, UpstreamConn};
@@ -106,6 +107,16 @@ pub struct Shard {
     accept_waiter: Cell<Option<Waker>>,
     draining: Cell<bool>,
     events: flume::Sender<WorkerEvent>,
+    /// This shard's share of the admission permits (None without `--max-concurrent-requests`).
+    permits: Option<Rc<RefCell<Permits>>>,
+}
+
+/// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
+/// the unbounded permit channel (never drops: a lost message would be a lost permit).
+pub struct Peers {
+    pub inboxes: Vec<flume::Sender<ShardMsg>>,
+    /// (peer shard index, its permit channel)
+    pub permits: Vec<(usize, flume::Sender<PermitMsg>)>,
 }
 
 // === impl Shard ===
@@ -116,19 +127,21 @@ impl Shard {
         cfg: Arc<Config>,
         registry: Registry,
         events: flume::Sender<WorkerEvent>,
-        peers: Vec<flume::Sender<ShardMsg>>,
+        peers: Peers,
     ) -> Self {
         let mut cache = arc_swap::Cache::new(registry);
         let local = LocalSnapshot(Rc::new(Arc::clone(cache.load())));
         let seed = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
         let loads = Loads { peers: vec![Arc::from(Vec::new()); cfg.cores], ..Loads::default() };
+        let permits =
+            cfg.admission.as_ref().map(|a| Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits))));
         Shard {
             index,
             pool: Pool::new(cfg.pool_idle_timeout),
             snapshot: RefCell::new(SnapshotCache { cache, local }),
             loads: RefCell::new(loads),
             router: RefCell::new(ShardRouter::new(&cfg.routing, index, cfg.cores)),
-            peers,
+            peers: peers.inboxes,
             rng: Cell::new(seed | 1),
             date: DateCache::default(),
             inflight: Cell::new(0),
@@ -136,7 +149,20 @@ impl Shard {
             accept_waiter: Cell::new(None),
             draining: Cell::new(false),
             events,
+            permits,
             cfg,
+        }
+    }
+
+    /// This shard's admission permits, when admission is limited.
+    pub fn permits(&self) -> Option<&Rc<RefCell<Permits>>> {
+        self.permits.as_ref()
+    }
+
+    /// A peer's permit message.
+    pub fn on_permit_message(&self, msg: PermitMsg) {
+        if let Some(p) = &self.permits {
+            p.borrow_mut().on_message(msg);
         }
     }
 
@@ -297,6 +323,9 @@ impl Shard {
     /// second (`slow`), sweep idle pooled connections and age routing state.
     pub fn tick(&self, slow: bool) {
         self.gossip();
+        if let Some(p) = &self.permits {
+            p.borrow_mut().refill();
+        }
         if slow {
             self.pool.sweep();
             self.router.borrow_mut().tick(Instant::now());

@@ -8,13 +8,15 @@ pub struct ApiError {
     pub status: u16,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for `Retry-After`, on sheds that ask the client to back off.
+    pub retry_after: Option<u16>,
 }
 
 // === impl ApiError ===
 
 impl ApiError {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self { status, code, message: message.into(), retry_after: None }
     }
 
     pub fn model_not_found(model: &str) -> Self {
@@ -61,6 +63,28 @@ impl ApiError {
         Self::new(501, "unsupported_transfer_coding", "Transfer-Encoding other than chunked is not implemented")
     }
 
+    pub fn admission_queue_full() -> Self {
+        let e = Self::new(
+            429,
+            "admission_queue_full",
+            "Too many requests: --max-concurrent-requests reached and the queue is full",
+        );
+        Self { retry_after: Some(2), ..e }
+    }
+
+    pub fn admission_queue_timeout(waited: std::time::Duration) -> Self {
+        let e = Self::new(
+            503,
+            "admission_queue_timeout",
+            format!("Waited {}s in the admission queue (--queue-timeout-secs)", waited.as_secs()),
+        );
+        Self { retry_after: Some(2), ..e }
+    }
+
+    pub fn admin_not_implemented(path: &str) -> Self {
+        Self::new(501, "not_implemented", format!("{path} is not implemented by this gateway yet"))
+    }
+
     pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(500, code, message)
     }
@@ -93,8 +117,18 @@ impl ApiError {
     /// Appends the full HTTP response (envelope + `x-smg-error-code`) to `out`.
     pub fn write_response(&self, out: &mut Vec<u8>, head_only: bool, stamp: &Stamp<'_>) {
         let body = self.envelope();
-        let headers: [(&str, &[u8]); 1] = [("x-smg-error-code", self.code.as_bytes())];
-        let resp = Simple { status: self.status, content_type: "application/json", headers: &headers, body: &body };
+        let mut secs = Vec::new();
+        let mut headers: [(&str, &[u8]); 2] = [("x-smg-error-code", self.code.as_bytes()), ("", b"")];
+        let n = match self.retry_after {
+            Some(s) => {
+                smg_wire::num::put_dec(&mut secs, s as u64);
+                headers[1] = ("retry-after", &secs);
+                2
+            }
+            None => 1,
+        };
+        let resp =
+            Simple { status: self.status, content_type: "application/json", headers: &headers[..n], body: &body };
         write_simple(out, &resp, head_only, stamp);
     }
 }

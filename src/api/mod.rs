@@ -59,8 +59,32 @@ pub enum Local {
 pub enum Action {
     Local(Local),
     Proxy(&'static EndpointSpec),
+    /// An admin/management endpoint of the contract this gateway does not serve yet.
+    AdminNotImplemented,
     NotFound,
     MethodNotAllowed,
+}
+
+/// Admin and management routes (SMG's): never opened by a tenant key. A path is one of them
+/// if it equals an entry or continues it with `/`.
+pub const ADMIN_ROUTES: [&str; 10] = [
+    "/workers",
+    "/flush_cache",
+    "/get_loads",
+    "/start_profile",
+    "/stop_profile",
+    "/parse/function_call",
+    "/parse/reasoning",
+    "/wasm",
+    "/v1/tokenizers",
+    "/v1/workers",
+];
+
+fn is_admin(path: &[u8]) -> bool {
+    ADMIN_ROUTES.iter().any(|r| {
+        let r = r.as_bytes();
+        path.starts_with(r) && (path.len() == r.len() || path[r.len()] == b'/')
+    })
 }
 
 /// A request's route, from its head.
@@ -102,6 +126,9 @@ fn target(path: &[u8]) -> Option<Target> {
 
 /// The route of `(method, path)`.
 pub fn classify(method: Method, path: &[u8]) -> Route {
+    if is_admin(path) {
+        return Route { action: Action::AdminNotImplemented, admin: true };
+    }
     let action = match target(path) {
         None => Action::NotFound,
         Some(Target::Local(l)) if matches!(method, Method::Get | Method::Head) => Action::Local(l),
@@ -132,6 +159,10 @@ mod tests {
         assert!(!classify(Method::Get, b"/health").needs_body());
         assert_eq!(classify(Method::Post, b"/v1/messages").id_prefix(), "msg_");
         assert_eq!(classify(Method::Get, b"/health").id_prefix(), "req-");
+        for admin in ["/workers", "/workers/abc", "/flush_cache", "/v1/tokenizers/t/status"] {
+            assert!(classify(Method::Post, admin.as_bytes()).admin, "{admin}");
+        }
+        assert!(!classify(Method::Get, b"/workersx").admin);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use crate::admission::permits::PermitMsg;
 use crate::io::{self, TcpListener};
 use crate::shard::{Shard, ShardMsg};
 
@@ -24,10 +25,16 @@ const TICK: Duration = Duration::from_millis(100);
 const SLOW_EVERY: u32 = 10;
 
 /// Accepts until drained, then waits for in-flight requests (bounded by the grace period).
-pub async fn serve(shard: Rc<Shard>, listener: TcpListener, inbox: flume::Receiver<ShardMsg>) {
+pub async fn serve(
+    shard: Rc<Shard>,
+    listener: TcpListener,
+    inbox: flume::Receiver<ShardMsg>,
+    permit_inbox: flume::Receiver<PermitMsg>,
+) {
     let listener = Rc::new(listener);
     let ticker = monoio::spawn(tick(Rc::clone(&shard)));
     let messages = monoio::spawn(receive(Rc::clone(&shard), inbox, Rc::clone(&listener)));
+    let permits = monoio::spawn(receive_permits(Rc::clone(&shard), permit_inbox));
     accept_loop(&shard, &listener).await;
     drop(listener);
     let deadline = Instant::now() + shard.cfg().shutdown_grace;
@@ -39,6 +46,7 @@ pub async fn serve(shard: Rc<Shard>, listener: TcpListener, inbox: flume::Receiv
     }
     drop(ticker);
     drop(messages);
+    drop(permits);
 }
 
 async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
@@ -103,6 +111,13 @@ async fn receive(shard: Rc<Shard>, inbox: flume::Receiver<ShardMsg>, listener: R
             io::stop_listening(&listener);
             return;
         }
+    }
+}
+
+/// Permits traded with peers (see admission/permits.rs).
+async fn receive_permits(shard: Rc<Shard>, inbox: flume::Receiver<PermitMsg>) {
+    while let Ok(msg) = inbox.recv_async().await {
+        shard.on_permit_message(msg);
     }
 }
 

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::admission::permits::PermitMsg;
 use crate::config::{Config, Host};
-use crate::shard::{Shard, ShardMsg};
+use crate::shard::{Peers, Shard, ShardMsg};
 use crate::workers::{health, Registry, Snapshot};
 
 /// Cores this process may run on (respects taskset/cpusets).
@@ -72,8 +73,9 @@ struct ShardStart {
     cfg: Arc<Config>,
     registry: Registry,
     events: flume::Sender<health::WorkerEvent>,
-    peers: Vec<flume::Sender<ShardMsg>>,
+    peers: Peers,
     inbox: flume::Receiver<ShardMsg>,
+    permit_inbox: flume::Receiver<PermitMsg>,
 }
 
 /// A shard thread: pin, build the reactor, bind, report ready, serve until drained.
@@ -98,7 +100,7 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(), String>>) {
         };
         let _ = ready.send(Ok(()));
         let shard = Rc::new(Shard::new(s.index, s.cfg, s.registry, s.events, s.peers));
-        accept::serve(shard, listener, s.inbox).await;
+        accept::serve(shard, listener, s.inbox, s.permit_inbox).await;
     });
 }
 
@@ -117,10 +119,15 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let cores = allowed_cores();
     let (ready_tx, ready_rx) = flume::unbounded::<Result<(), String>>();
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::bounded::<ShardMsg>(64)).unzip();
+    let (permit_txs, permit_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<PermitMsg>()).unzip();
     let mut threads = Vec::new();
-    for (index, rx) in receivers.into_iter().enumerate() {
+    for (index, (rx, permit_rx)) in receivers.into_iter().zip(permit_rxs).enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
-        let peers: Vec<_> = inboxes.iter().enumerate().filter(|(i, _)| *i != index).map(|(_, tx)| tx.clone()).collect();
+        let others = |i: &usize| *i != index;
+        let peers = Peers {
+            inboxes: inboxes.iter().enumerate().filter(|(i, _)| others(i)).map(|(_, tx)| tx.clone()).collect(),
+            permits: permit_txs.iter().enumerate().filter(|(i, _)| others(i)).map(|(i, tx)| (i, tx.clone())).collect(),
+        };
         let shard_cfg = ShardStart {
             index,
             core,
@@ -129,6 +136,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             events: events.clone(),
             peers,
             inbox: rx,
+            permit_inbox: permit_rx,
         };
         let ready = ready_tx.clone();
         let t = std::thread::Builder::new()

@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use smg_wire::num::put_hex_width;
 
+use crate::admission::auth::Tenant;
+use crate::admission::Permit;
 use crate::api::Route;
 use crate::http::head::RequestHead;
 use crate::shard::{InflightGuard, LoadGuard, LocalSnapshot, Shard};
@@ -40,10 +42,11 @@ pub struct RequestCtx {
     pub request_id: Vec<u8>,
     /// None only for a head that could not be parsed.
     pub route: Option<Route>,
-    /// The tenant the request's key belongs to: set by `authorize` and read by `admit` and
-    /// `finish` once API keys and tenant budgets exist; none until then.
-    #[allow(dead_code)]
-    pub tenant: Option<Rc<str>>,
+    /// The tenant identity, set by `authorize` on serving routes; read by the phases after
+    /// it (budgets, priority classes, metrics and the access line read it from here).
+    pub tenant: Option<Tenant>,
+    /// The admission permit, held until `finish` drops the context.
+    pub permit: Option<Permit>,
     pub model: Option<String>,
     pub chosen: Option<Chosen>,
     /// Upstream attempts made (the retry edge adds one).
@@ -85,6 +88,7 @@ impl RequestCtx {
             request_id: Vec::new(),
             route: None,
             tenant: None,
+            permit: None,
             model: None,
             chosen: None,
             attempts: 0,

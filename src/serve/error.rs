@@ -72,6 +72,10 @@ pub enum Failure {
     Rejected(ApiError),
     /// Refused by the request contract, with the contract's own body.
     Invalid(ContractError),
+    /// No key, or one that matches nothing: 401 with an empty body.
+    Unauthorized,
+    /// A valid key without the right role: 403 with an empty body.
+    Forbidden,
 }
 
 impl Failure {
@@ -129,12 +133,17 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
             ApiError::internal("upstream_connect_no_descriptors", format!("Cannot open a connection to {worker}: {e}"))
         }
         Failure::Rejected(e) => e.clone(),
-        Failure::Invalid(_) => return None,
+        Failure::Invalid(_) | Failure::Unauthorized | Failure::Forbidden => return None,
     })
 }
 
 /// Appends the answer to `f` and returns its status: the one place failures become responses.
 pub fn respond(out: &mut Vec<u8>, f: &Failure, worker: &str, head_only: bool, stamp: &Stamp<'_>) -> u16 {
+    if let Failure::Unauthorized | Failure::Forbidden = f {
+        let status = if matches!(f, Failure::Unauthorized) { 401 } else { 403 };
+        write_simple(out, &Simple { status, content_type: "", headers: &[], body: b"" }, head_only, stamp);
+        return status;
+    }
     if let Failure::Invalid(c) = f {
         let body = c.body();
         let resp = Simple { status: c.status(), content_type: "application/json", headers: &[], body: &body };

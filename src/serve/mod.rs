@@ -31,10 +31,13 @@ use std::time::Instant;
 
 use monoio::net::TcpStream;
 
-use crate::api::{self, Action, ApiError, EndpointSpec};
+use crate::admission::auth::{unauthenticated_tenant, Tenant, Verdict};
+use crate::admission::permits::{Admit, Permits};
+use crate::admission::Permit;
+use crate::api::{self, Action, ApiError, EndpointSpec, Route};
 use crate::http::body::{read_body, Body, BodyError, BodyLimits};
 use crate::http::head::{parse_request, ParseError, RequestHead};
-use crate::io::{nodelay, read_more_within, send_deadline, Timed};
+use crate::io::{nodelay, peer_closed, read_more_within, send_deadline, sleep, Timed};
 use crate::shard::{ConnectionSlot, Shard};
 use client::Client;
 use ctx::RequestCtx;
@@ -54,7 +57,7 @@ pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlo
                 client.next = head.len;
                 let route = api::classify(head.method, &client.buf[head.path.clone()]);
                 let mut ctx = RequestCtx::new(&shard, &head, &client.buf, route);
-                let outcome = request(&shard, &mut client, &head, &mut ctx, route.action).await;
+                let outcome = request(&shard, &mut client, &head, &mut ctx, route).await;
                 finish(&shard, &mut client, Some(&head), ctx, outcome).await
             }
             HeadRead::Reject(e) => {
@@ -78,19 +81,20 @@ async fn request(
     client: &mut Client,
     head: &RequestHead,
     ctx: &mut RequestCtx,
-    action: Action,
+    route: Route,
 ) -> Outcome {
-    let spec = match action {
+    if let Err(f) = authorize(shard, client, head, ctx, route) {
+        return Outcome::Failed(f);
+    }
+    let spec = match route.action {
         Action::Proxy(spec) => spec,
         Action::Local(l) => return Outcome::Local(l),
+        Action::AdminNotImplemented => return reject(ApiError::admin_not_implemented(&path(client, head))),
         Action::NotFound => return reject(ApiError::route_not_found(&path(client, head))),
         Action::MethodNotAllowed => return reject(ApiError::method_not_allowed(&path(client, head))),
     };
-    if let Err(f) = authorize(ctx) {
-        return Outcome::Failed(f);
-    }
-    if let Err(f) = admit(ctx) {
-        return Outcome::Failed(f);
+    if let Err(o) = admit(shard, client, ctx).await {
+        return o;
     }
     let body = match body(shard, client, head, ctx).await {
         Ok(b) => b,
@@ -103,14 +107,81 @@ async fn request(
     forward(shard, client, head, ctx, spec, &mut body).await
 }
 
-/// Phase: authorize. Every request passes until API keys exist.
-fn authorize(_ctx: &mut RequestCtx) -> Result<(), Failure> {
+/// Phase: authorize. Serving routes need a serving key when keys are configured and get
+/// their tenant identity here; admin routes follow the contract's admin rules; every other
+/// route (local answers, unknown paths) is open.
+fn authorize(
+    shard: &Shard,
+    client: &Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    route: Route,
+) -> Result<(), Failure> {
+    let auth = &shard.cfg().auth;
+    let authorization = head.header(&client.buf, "authorization");
+    let deny = |v: Verdict| if v == Verdict::Forbidden { Failure::Forbidden } else { Failure::Unauthorized };
+    if route.admin {
+        return match auth.check_admin(authorization) {
+            Verdict::Pass => Ok(()),
+            v => Err(deny(v)),
+        };
+    }
+    if let Action::Proxy(_) = route.action {
+        let tenant = match auth.check_serving(authorization).map_err(deny)? {
+            Some(key) => Tenant::Key(key),
+            None => unauthenticated_tenant(auth.tenant_header().and_then(|h| head.header(&client.buf, h))),
+        };
+        ctx.tenant = Some(tenant);
+    }
     Ok(())
 }
 
-/// Phase: admit. Every request passes until admission limits exist.
-fn admit(_ctx: &mut RequestCtx) -> Result<(), Failure> {
-    Ok(())
+/// Phase: admit. With `--max-concurrent-requests`, takes a permit or waits for one in the
+/// queue, the body unread; a client that hangs up while queued leaves at once.
+async fn admit(shard: &Shard, client: &Client, ctx: &mut RequestCtx) -> Result<(), Outcome> {
+    let Some(permits) = shard.permits() else { return Ok(()) };
+    let ticket = match Permits::admit(permits) {
+        Admit::Now => {
+            ctx.permit = Some(Permit::new(permits));
+            return Ok(());
+        }
+        Admit::Full => return Err(reject(ApiError::admission_queue_full())),
+        Admit::Queued(t) => t,
+    };
+    let limit = shard.cfg().admission.as_ref().map(|a| a.queue_timeout).unwrap_or_default();
+    let queued = Instant::now();
+    let mut watch = true;
+    let granted = loop {
+        let waited = Permits::wait(&ticket);
+        let expired = sleep(limit.saturating_sub(queued.elapsed()));
+        if watch {
+            monoio::select! {
+                granted = waited => break Some(granted),
+                _ = expired => break None,
+                closed = peer_closed(&client.stream) => {
+                    if closed {
+                        return Err(Outcome::ClientGone);
+                    }
+                    // Pipelined bytes: nothing more to learn from watching.
+                    watch = false;
+                }
+            }
+        } else {
+            monoio::select! {
+                granted = waited => break Some(granted),
+                _ = expired => break None,
+            }
+        }
+    };
+    match granted {
+        Some(true) => {
+            ticket.into_held();
+            ctx.permit = Some(Permit::new(permits));
+            Ok(())
+        }
+        Some(false) => Err(reject(ApiError::admission_queue_full())),
+        None => Err(reject(ApiError::admission_queue_timeout(queued.elapsed()))),
+    }
 }
 
 /// Phase: body.

@@ -66,6 +66,16 @@ pub struct CompareArgs {
     /// previous commit's binary) in the same interleaved rounds.
     #[arg(long)]
     pub base_bin: Option<PathBuf>,
+    /// Extra flags for the `smg` target, space separated (e.g. "--api-key k
+    /// --max-concurrent-requests 100000"): A/B a feature on against `smg-base` with it off.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub smg_args: String,
+    /// Extra flags for the `smg-base` target, space separated.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub base_args: String,
+    /// Request header line sent to every target ("Name: value"), repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
     /// nginx binary (default: nginx on PATH or /usr/sbin/nginx).
     #[arg(long)]
     pub nginx_bin: Option<PathBuf>,
@@ -281,6 +291,8 @@ fn start_target(
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
             if t.kind == Kind::Smg {
                 cmd.args(["--cores", "1"]);
+                let extra = if t.name == "smg-base" { &args.base_args } else { &args.smg_args };
+                cmd.args(extra.split_whitespace());
             }
             let child = cmd
                 .stdout(Stdio::null())
@@ -380,7 +392,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     let (_sim, sim_ports) = start_sim(args, &scenario)?;
     let req_for = |port: u16| -> Vec<u8> {
         let host = format!("127.0.0.1:{port}");
-        scenario.requests(&host, None, &[]).swap_remove(0).to_vec()
+        scenario.requests(&host, None, &args.headers).swap_remove(0).to_vec()
     };
     let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds.max(1) {
@@ -402,7 +414,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 addr: ([127, 0, 0, 1], port).into(),
                 url: format!("http://{host}"),
                 scenario_name: scenario.name.clone(),
-                requests: Arc::new(scenario.requests(&host, None, &[])),
+                requests: Arc::new(scenario.requests(&host, None, &args.headers)),
                 mode: Mode::Closed { concurrency: args.concurrency },
                 duration: Some(args.duration),
                 count: None,
