@@ -1,8 +1,10 @@
 //! Test fixtures: the real `smg` binary on loopback, a scriptable fake worker, and a raw
 //! HTTP/1.1 client. Every test builds its own world on ephemeral ports.
 #![allow(dead_code)]
+pub mod admit;
 pub mod rogue;
 
+use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -190,6 +192,55 @@ pub struct WorkerState {
     /// When each streamed response finished writing its last event.
     pub stream_done_at: Mutex<Vec<Instant>>,
     pub stop: AtomicBool,
+    /// Requests being answered right now (probes excluded), see [`Flight`].
+    pub in_flight: AtomicUsize,
+    /// The most `in_flight` has been since the worker started or [`WorkerState::reset_max_in_flight`].
+    pub max_in_flight: AtomicUsize,
+}
+
+impl WorkerState {
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Starts a new watermark from what is in flight now.
+    pub fn reset_max_in_flight(&self) {
+        self.max_in_flight.store(self.in_flight(), Ordering::SeqCst);
+    }
+}
+
+/// One request in flight at the worker: counted from the moment its body has been read
+/// until just before the write that completes its response (or until the worker gives up on
+/// it). Leaving before that last write, not after it, keeps the count a lower bound of the
+/// gateway's own: a gateway that frees a slot once it has relayed the end of a response and
+/// sends the next request at once must not be seen with one request too many.
+struct Flight<'a> {
+    st: &'a WorkerState,
+    left: Cell<bool>,
+}
+
+impl<'a> Flight<'a> {
+    fn enter(st: &'a WorkerState) -> Self {
+        let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        st.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        Flight { st, left: Cell::new(false) }
+    }
+
+    fn leave(&self) {
+        if !self.left.replace(true) {
+            self.st.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.leave();
+    }
 }
 
 pub struct FakeWorker {
@@ -202,7 +253,8 @@ impl FakeWorker {
     /// A worker that serves `model`. Behaviour per request comes from the body's `fake`
     /// field: "echo" (default), "sse" (`events`, `gap_ms`), "die" (SSE cut after `events`
     /// without the terminating chunk), "stall" (never answers), "error" (JSON `status`),
-    /// "close" (answer, then close the connection without saying so).
+    /// "close" (answer, then close the connection without saying so), "hang" (never
+    /// answers, and lets go as soon as the gateway closes the connection, at most 30 s).
     pub fn start(model: &str) -> FakeWorker {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -268,8 +320,9 @@ fn serve(mut s: TcpStream, conn: usize, st: &WorkerState, model: &str) {
                 reply(&mut s, 200, "application/json", b.as_bytes(), &[])
             }
             _ => {
+                let flight = Flight::enter(st);
                 st.requests.lock().unwrap().push(rec);
-                inference(&mut s, &body, st)
+                inference(&mut s, &body, st, &flight)
             }
         };
         if !keep {
@@ -313,7 +366,7 @@ fn reply(s: &mut TcpStream, code: u16, ct: &str, body: &[u8], extra: &[(&str, &s
     s.write_all(&bytes).is_ok()
 }
 
-fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState) -> bool {
+fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState, flight: &Flight) -> bool {
     let v: sonic_rs::Value = sonic_rs::from_slice(body).unwrap_or_default();
     let mode = v["fake"].as_str().unwrap_or("echo").to_string();
     let events = v["events"].as_u64().unwrap_or(3) as usize;
@@ -324,8 +377,14 @@ fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState) -> bool {
             std::thread::sleep(Duration::from_secs(30));
             false
         }
+        "hang" => {
+            let until = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < until && !peer_closed_during(s, Duration::from_millis(50)) {}
+            false
+        }
         "error" => {
             let status = v["status"].as_u64().unwrap_or(400) as u16;
+            flight.leave();
             reply(
                 s,
                 status,
@@ -335,6 +394,7 @@ fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState) -> bool {
             )
         }
         "close" => {
+            flight.leave();
             reply(s, 200, "application/json", format!(r#"{{"sha":"{sha}"}}"#).as_bytes(), &[]);
             false
         }
@@ -361,20 +421,24 @@ fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState) -> bool {
             // Stamped before the last write: a client that has the whole response must find
             // the stamp already there.
             st.stream_done_at.lock().unwrap().push(Instant::now());
+            flight.leave();
             s.write_all(format!("{:x}\r\n{done}\r\n0\r\n\r\n", done.len()).as_bytes()).is_ok()
         }
-        _ => reply(
-            s,
-            200,
-            "application/json",
-            format!(r#"{{"sha":"{sha}","len":{}}}"#, body.len()).as_bytes(),
-            &[
-                ("X-SMG-Error-Code", "worker-said"),
-                ("X-Worker", "1"),
-                ("Connection", "keep-alive"),
-                ("Keep-Alive", "timeout=5"),
-            ],
-        ),
+        _ => {
+            flight.leave();
+            reply(
+                s,
+                200,
+                "application/json",
+                format!(r#"{{"sha":"{sha}","len":{}}}"#, body.len()).as_bytes(),
+                &[
+                    ("X-SMG-Error-Code", "worker-said"),
+                    ("X-Worker", "1"),
+                    ("Connection", "keep-alive"),
+                    ("Keep-Alive", "timeout=5"),
+                ],
+            )
+        }
     }
 }
 
