@@ -32,6 +32,9 @@ impl Chosen {
 #[derive(Debug, Clone, Copy)]
 pub struct Timings {
     pub started: Instant,
+    /// The first upstream attempt began: `--request-timeout-secs` counts from here, so time
+    /// in the admission queue or spent receiving the body is not the worker's.
+    pub upstream_started: Option<Instant>,
     /// The worker's response head arrived.
     pub upstream_head: Option<Instant>,
     /// The response's first bytes went to the client.
@@ -92,7 +95,7 @@ impl RequestCtx {
             model: None,
             chosen: None,
             attempts: 0,
-            timings: Timings { started: Instant::now(), upstream_head: None, first_byte: None },
+            timings: Timings { started: Instant::now(), upstream_started: None, upstream_head: None, first_byte: None },
             bytes_in: 0,
             bytes_out: 0,
             status: 0,

@@ -69,6 +69,7 @@ pub async fn attempt(
     watch: &mut bool,
 ) -> Result<Answered, AttemptError> {
     ctx.attempts += 1;
+    ctx.timings.upstream_started.get_or_insert_with(Instant::now);
     let chosen = ctx.chosen.as_ref().expect("pick ran");
     let (id, addr) = (chosen.worker().id, chosen.worker().url.addr);
     let pooled = if fresh { None } else { shard.take_conn(id) };
@@ -149,7 +150,7 @@ pub async fn relay_response(
     let extra: [(&str, &[u8]); 1] = [("x-smg-routed-worker-id", worker.url.url.as_bytes())];
     let limits = RelayLimits {
         read_idle: shard.cfg().upstream_read_timeout,
-        deadline: ctx.timings.started + shard.cfg().request_timeout,
+        deadline: ctx.timings.upstream_started.unwrap_or(ctx.timings.started) + shard.cfg().request_timeout,
     };
     let mut stats = RelayStats::default();
     let (end, _) = relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
