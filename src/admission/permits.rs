@@ -29,9 +29,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::task::Waker;
-use std::time::Instant;
-
-use super::AdmissionConfig;
+use std::time::{Duration, Instant};
 
 /// Shard → shard permit traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,6 +277,34 @@ impl Ticket {
     pub fn into_held(self) {
         self.waiter.state.set(Wait::Left);
         std::mem::forget(self);
+    }
+}
+
+/// `--max-concurrent-requests` and its queue, validated.
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    /// Requests at the workers at once, gateway-wide.
+    pub permits: usize,
+    /// Token-bucket refill, permits per second, gateway-wide (0 = a pure concurrency cap).
+    pub refill_per_sec: f64,
+    /// Requests that may wait, gateway-wide (0 = refuse at once).
+    pub queue_size: usize,
+    pub queue_timeout: Duration,
+}
+
+/// An admitted request's permit, given back when the request finishes (its response fully
+/// relayed, or the client gone): dropped with the request context in `finish`.
+pub struct Permit(Rc<RefCell<Permits>>);
+
+impl Permit {
+    pub fn new(permits: &Rc<RefCell<Permits>>) -> Self {
+        Permit(Rc::clone(permits))
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.borrow_mut().release();
     }
 }
 
