@@ -184,6 +184,19 @@ pub struct LaunchArgs {
     /// Longest wait for admission before 503 admission_queue_timeout.
     #[arg(long, default_value_t = 60)]
     pub queue_timeout_secs: u64,
+    /// Address of the Prometheus metrics listener (GET /metrics).
+    #[arg(long, default_value = "0.0.0.0")]
+    pub prometheus_host: String,
+    /// Port of the Prometheus metrics listener; 0 turns metrics off.
+    #[arg(long, default_value_t = 29000)]
+    pub prometheus_port: u16,
+    /// Bucket bounds of the duration histograms, in seconds (default: SMG's 29 bounds,
+    /// 0.001 to 7200).
+    #[arg(long, num_args = 0.., value_name = "SECONDS")]
+    pub prometheus_duration_buckets: Vec<f64>,
+    /// Write the log (and the access log) to daily files DIR/smg.YYYY-MM-DD instead of stderr.
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<std::path::PathBuf>,
 }
 
 /// What the configuration needs to know about the machine it runs on.
@@ -234,6 +247,16 @@ pub struct Config {
     pub auth: AuthConfig,
     /// None: no admission limit.
     pub admission: Option<AdmissionConfig>,
+    /// None: metrics off (`--prometheus-port 0`).
+    pub metrics: Option<MetricsConfig>,
+    pub log_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    pub listen: SocketAddr,
+    /// Ascending bucket bounds, seconds.
+    pub buckets: Vec<f64>,
 }
 
 fn positive(flag: &str, v: u64) -> Result<Duration, String> {
@@ -299,6 +322,27 @@ impl LaunchArgs {
             routing_key_override: self.routing_key_override,
             routing_key_headers: headers,
         })
+    }
+
+    fn metrics_config(&self) -> Result<Option<MetricsConfig>, String> {
+        if self.prometheus_port == 0 {
+            return Ok(None);
+        }
+        let ip: std::net::IpAddr = match self.prometheus_host.as_str() {
+            "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+            h => h.parse().map_err(|_| format!("--prometheus-host: '{h}' is not an IP address"))?,
+        };
+        let mut buckets = if self.prometheus_duration_buckets.is_empty() {
+            crate::metrics::DEFAULT_BUCKETS.to_vec()
+        } else {
+            self.prometheus_duration_buckets.clone()
+        };
+        if buckets.iter().any(|b| !b.is_finite() || *b <= 0.0) {
+            return Err("--prometheus-duration-buckets: bounds must be positive numbers".into());
+        }
+        buckets.sort_by(f64::total_cmp);
+        buckets.dedup();
+        Ok(Some(MetricsConfig { listen: SocketAddr::new(ip, self.prometheus_port), buckets }))
     }
 
     fn admission_config(&self) -> Result<Option<AdmissionConfig>, String> {
@@ -373,6 +417,8 @@ impl LaunchArgs {
                 self.trust_tenant_header.then(|| self.tenant_header_name.to_ascii_lowercase()),
             )?,
             admission: self.admission_config()?,
+            metrics: self.metrics_config()?,
+            log_dir: self.log_dir.clone(),
         })
     }
 }

@@ -8,6 +8,7 @@
 
 #[macro_use]
 pub mod log;
+pub mod access_log;
 pub mod admission;
 pub mod api;
 pub mod civil;
@@ -16,6 +17,7 @@ pub mod contract;
 pub mod demo;
 pub mod http;
 pub mod io;
+pub mod metrics;
 pub mod routing;
 pub mod runtime;
 pub mod serve;

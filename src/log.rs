@@ -32,9 +32,49 @@ impl std::str::FromStr for LogLevel {
 static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Info as u8);
 static JSON: AtomicBool = AtomicBool::new(false);
 
-pub fn init(level: LogLevel, json: bool) {
+/// Where lines go: stderr, or daily files `<dir>/smg.YYYY-MM-DD` (`--log-dir`).
+enum Sink {
+    Stderr,
+    Dir { dir: std::path::PathBuf, day: i64, file: Option<std::fs::File> },
+}
+
+static SINK: std::sync::Mutex<Sink> = std::sync::Mutex::new(Sink::Stderr);
+
+pub fn init(level: LogLevel, json: bool, dir: Option<&std::path::Path>) -> Result<(), String> {
     LEVEL.store(level as u8, Ordering::Relaxed);
     JSON.store(json, Ordering::Relaxed);
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("--log-dir {}: {e}", dir.display()))?;
+        *SINK.lock().unwrap_or_else(|e| e.into_inner()) = Sink::Dir { dir: dir.to_path_buf(), day: -1, file: None };
+    }
+    Ok(())
+}
+
+pub fn json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
+/// Writes whole lines to the sink, opening the next day's file when the date changes. Only
+/// the log writer thread and warnings call this; a shard's request path never does.
+pub fn write_raw(lines: &[u8]) {
+    let mut sink = SINK.lock().unwrap_or_else(|e| e.into_inner());
+    match &mut *sink {
+        Sink::Stderr => {
+            let _ = std::io::stderr().lock().write_all(lines);
+        }
+        Sink::Dir { dir, day, file } => {
+            let today = crate::civil::now_unix().div_euclid(86_400);
+            if *day != today || file.is_none() {
+                let c = crate::civil::from_unix(today * 86_400);
+                let path = dir.join(format!("smg.{:04}-{:02}-{:02}", c.year, c.month, c.day));
+                *file = std::fs::OpenOptions::new().create(true).append(true).open(path).ok();
+                *day = today;
+            }
+            if let Some(f) = file {
+                let _ = f.write_all(lines);
+            }
+        }
+    }
 }
 
 #[inline]
@@ -78,7 +118,7 @@ pub fn write(level: LogLevel, args: std::fmt::Arguments<'_>) {
     } else {
         format!("{} {:5} {}\n", timestamp(), name(level), msg).into_bytes()
     };
-    let _ = std::io::stderr().lock().write_all(&line);
+    write_raw(&line);
 }
 
 #[macro_export]

@@ -19,7 +19,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    smg::log::init(cfg.log_level, cfg.log_json);
+    if let Err(e) = smg::log::init(cfg.log_level, cfg.log_json, cfg.log_dir.as_deref()) {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::from(2);
+    }
     match smg::runtime::run(cfg) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

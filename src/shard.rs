@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::Instant;
 
+use crate::access_log::{AccessLog, Entry};
 use crate::admission::permits::{PermitMsg, Permits};
 use crate::config::Config;
 use crate::http::date::{DateCache, LEN as DATE_LEN};
 use crate::http::pool::{Pool, UpstreamConn};
+use crate::metrics::{Finished, ShardMetrics, ShardReport};
 use crate::routing::{Candidate, Digest, RouteError, RouteInput, ShardRouter};
 use crate::workers::health::WorkerEvent;
 use crate::workers::{Registry, Snapshot, WorkerId};
@@ -27,6 +29,8 @@ pub enum ShardMsg {
     Digest(Arc<Digest>),
     /// A peer's in-flight requests per worker id, as of its last tick.
     Loads { shard: usize, loads: Arc<[usize]> },
+    /// The metrics listener wants this shard's report.
+    Scrape(flume::Sender<ShardReport>),
 }
 
 /// A request's handle on the Snapshot. The extra Rc is the point: cloning it per request
@@ -109,6 +113,9 @@ pub struct Shard {
     events: flume::Sender<WorkerEvent>,
     /// This shard's share of the admission permits (None without `--max-concurrent-requests`).
     permits: Option<Rc<RefCell<Permits>>>,
+    /// None with `--prometheus-port 0`.
+    metrics: Option<ShardMetrics>,
+    access: AccessLog,
 }
 
 /// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
@@ -117,6 +124,8 @@ pub struct Peers {
     pub inboxes: Vec<flume::Sender<ShardMsg>>,
     /// (peer shard index, its permit channel)
     pub permits: Vec<(usize, flume::Sender<PermitMsg>)>,
+    /// The access log writer (None: access log off).
+    pub access_log: Option<flume::Sender<Vec<u8>>>,
 }
 
 // === impl Shard ===
@@ -150,7 +159,43 @@ impl Shard {
             draining: Cell::new(false),
             events,
             permits,
+            metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
+            access: AccessLog::new(peers.access_log, cfg.log_json),
             cfg,
+        }
+    }
+
+    // --- metrics and the access log ---
+
+    /// Anything to count or log at `finish`.
+    pub fn accounting(&self) -> bool {
+        self.metrics.is_some() || self.access.enabled()
+    }
+
+    pub fn record(&self, f: &Finished<'_>) {
+        if let Some(m) = &self.metrics {
+            m.record(f);
+        }
+    }
+
+    pub fn access_line(&self, e: &Entry<'_>) {
+        let dropped = self.access.write(e);
+        self.count_dropped(dropped);
+    }
+
+    fn count_dropped(&self, n: u64) {
+        if let Some(m) = &self.metrics {
+            for _ in 0..n {
+                m.access_log_dropped();
+            }
+        }
+    }
+
+    fn report(&self) -> ShardReport {
+        ShardReport {
+            counts: self.metrics.as_ref().map(|m| m.snapshot()).unwrap_or_default(),
+            inflight: self.inflight.get(),
+            worker_loads: self.loads.borrow().own.clone(),
         }
     }
 
@@ -314,6 +359,9 @@ impl Shard {
         match msg {
             ShardMsg::Digest(d) => self.router.borrow_mut().apply_digest(&d),
             ShardMsg::Loads { shard, loads } => self.loads.borrow_mut().apply_peer(shard, loads),
+            ShardMsg::Scrape(reply) => {
+                let _ = reply.try_send(self.report());
+            }
             ShardMsg::Drain => return false,
         }
         true
@@ -323,6 +371,8 @@ impl Shard {
     /// second (`slow`), sweep idle pooled connections and age routing state.
     pub fn tick(&self, slow: bool) {
         self.gossip();
+        let dropped = self.access.flush();
+        self.count_dropped(dropped);
         if let Some(p) = &self.permits {
             p.borrow_mut().refill();
         }

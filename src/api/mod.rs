@@ -15,6 +15,8 @@ use crate::routing::TextSource;
 #[derive(Debug, PartialEq, Eq)]
 pub struct EndpointSpec {
     pub path: &'static str,
+    /// The `endpoint` label of the router metrics (SMG's names; `other` for the rest).
+    pub metric: &'static str,
     /// Prefix of ids the gateway generates for this endpoint (OpenAI's own where one exists).
     pub id_prefix: &'static str,
     /// The request schema the contract validates, if it models this endpoint.
@@ -29,7 +31,16 @@ const fn spec(
     schema: Option<contract::Endpoint>,
     text: Option<TextSource>,
 ) -> EndpointSpec {
-    EndpointSpec { path, id_prefix, schema, text }
+    let metric = match path.as_bytes() {
+        b"/v1/chat/completions" => "chat",
+        b"/v1/completions" => "completions",
+        b"/generate" => "generate",
+        b"/v1/rerank" | b"/rerank" => "rerank",
+        b"/v1/responses" => "responses",
+        b"/v1/messages" => "messages",
+        _ => "other",
+    };
+    EndpointSpec { path, metric, id_prefix, schema, text }
 }
 
 /// Every inference endpoint forwarded to workers.
@@ -80,8 +91,9 @@ pub const ADMIN_ROUTES: [&str; 10] = [
     "/v1/workers",
 ];
 
-fn is_admin(path: &[u8]) -> bool {
-    ADMIN_ROUTES.iter().any(|r| {
+/// The admin route `path` falls under, if any.
+fn admin_route(path: &[u8]) -> Option<&'static str> {
+    ADMIN_ROUTES.iter().copied().find(|r| {
         let r = r.as_bytes();
         path.starts_with(r) && (path.len() == r.len() || path[r.len()] == b'/')
     })
@@ -91,6 +103,8 @@ fn is_admin(path: &[u8]) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
     pub action: Action,
+    /// The route's template, as metrics label it (`other` for an unknown path).
+    pub path: &'static str,
     /// An admin route (worker management, …): its own key rules.
     pub admin: bool,
 }
@@ -111,31 +125,33 @@ impl Route {
 }
 
 enum Target {
-    Local(Local),
+    Local(Local, &'static str),
     Endpoint(&'static EndpointSpec),
 }
 
 fn target(path: &[u8]) -> Option<Target> {
     Some(match path {
-        b"/health" | b"/liveness" => Target::Local(Local::Health),
-        b"/readiness" => Target::Local(Local::Readiness),
-        b"/v1/models" => Target::Local(Local::Models),
+        b"/health" => Target::Local(Local::Health, "/health"),
+        b"/liveness" => Target::Local(Local::Health, "/liveness"),
+        b"/readiness" => Target::Local(Local::Readiness, "/readiness"),
+        b"/v1/models" => Target::Local(Local::Models, "/v1/models"),
         _ => return ENDPOINTS.iter().find(|e| e.path.as_bytes() == path).map(Target::Endpoint),
     })
 }
 
 /// The route of `(method, path)`.
 pub fn classify(method: Method, path: &[u8]) -> Route {
-    if is_admin(path) {
-        return Route { action: Action::AdminNotImplemented, admin: true };
+    if let Some(admin) = admin_route(path) {
+        return Route { action: Action::AdminNotImplemented, path: admin, admin: true };
     }
-    let action = match target(path) {
-        None => Action::NotFound,
-        Some(Target::Local(l)) if matches!(method, Method::Get | Method::Head) => Action::Local(l),
-        Some(Target::Endpoint(e)) if method == Method::Post => Action::Proxy(e),
-        Some(_) => Action::MethodNotAllowed,
+    let (action, label) = match target(path) {
+        None => (Action::NotFound, "other"),
+        Some(Target::Local(l, p)) if matches!(method, Method::Get | Method::Head) => (Action::Local(l), p),
+        Some(Target::Endpoint(e)) if method == Method::Post => (Action::Proxy(e), e.path),
+        Some(Target::Local(_, p)) => (Action::MethodNotAllowed, p),
+        Some(Target::Endpoint(e)) => (Action::MethodNotAllowed, e.path),
     };
-    Route { action, admin: false }
+    Route { action, path: label, admin: false }
 }
 
 #[cfg(test)]
@@ -163,6 +179,9 @@ mod tests {
             assert!(classify(Method::Post, admin.as_bytes()).admin, "{admin}");
         }
         assert!(!classify(Method::Get, b"/workersx").admin);
+        assert_eq!(classify(Method::Get, b"/workers/abc").path, "/workers");
+        assert_eq!(classify(Method::Get, b"/nope/x").path, "other");
+        assert_eq!(classify(Method::Get, b"/liveness").path, "/liveness");
     }
 
     #[test]

@@ -30,7 +30,27 @@ pub enum Method {
     Get,
     Head,
     Post,
+    Put,
+    Delete,
+    Patch,
+    Options,
     Other,
+}
+
+impl Method {
+    /// The method's name, as metrics label it (`OTHER` for the rest).
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Delete => "DELETE",
+            Method::Patch => "PATCH",
+            Method::Options => "OPTIONS",
+            Method::Other => "OTHER",
+        }
+    }
 }
 
 /// Why a head could not be accepted. The driver maps each to its answer in one place
@@ -187,6 +207,10 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
         "GET" => Method::Get,
         "HEAD" => Method::Head,
         "POST" => Method::Post,
+        "PUT" => Method::Put,
+        "DELETE" => Method::Delete,
+        "PATCH" => Method::Patch,
+        "OPTIONS" => Method::Options,
         _ => Method::Other,
     };
     let (target, path, absolute_authority) = split_target(buf, req.path.unwrap_or(""))?;

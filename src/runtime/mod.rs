@@ -5,6 +5,7 @@ mod accept;
 
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -120,6 +121,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let (ready_tx, ready_rx) = flume::unbounded::<Result<(), String>>();
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::bounded::<ShardMsg>(64)).unzip();
     let (permit_txs, permit_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<PermitMsg>()).unzip();
+    // The access log is on at --log-level info and up (SMG logs each request at info).
+    let access_log = crate::log::enabled(crate::log::LogLevel::Info).then(crate::access_log::start_writer);
     let mut threads = Vec::new();
     for (index, (rx, permit_rx)) in receivers.into_iter().zip(permit_rxs).enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
@@ -127,6 +130,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let peers = Peers {
             inboxes: inboxes.iter().enumerate().filter(|(i, _)| others(i)).map(|(_, tx)| tx.clone()).collect(),
             permits: permit_txs.iter().enumerate().filter(|(i, _)| others(i)).map(|(i, tx)| (i, tx.clone())).collect(),
+            access_log: access_log.clone(),
         };
         let shard_cfg = ShardStart {
             index,
@@ -164,6 +168,24 @@ pub fn run(cfg: Config) -> Result<(), String> {
         cfg.cores,
         cfg.workers.len()
     );
+
+    if let Some(m) = &cfg.metrics {
+        let ask = inboxes
+            .iter()
+            .map(|tx| {
+                let tx = tx.clone();
+                Box::new(move |reply| tx.send_timeout(ShardMsg::Scrape(reply), Duration::from_secs(1)).is_ok())
+                    as Box<dyn Fn(flume::Sender<crate::metrics::ShardReport>) -> bool + Send>
+            })
+            .collect();
+        let scraper = crate::metrics::server::Scraper {
+            ask,
+            registry: Arc::clone(&registry),
+            bounds: m.buckets.clone(),
+            policy: cfg.routing.policy.as_str().to_string(),
+        };
+        crate::metrics::server::start(m.listen, scraper);
+    }
 
     let sig = wait_signal(&sigset);
     crate::info!("signal {sig}: draining (grace {}s)", cfg.shutdown_grace.as_secs());

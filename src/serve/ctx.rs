@@ -60,6 +60,12 @@ pub struct RequestCtx {
     pub bytes_out: u64,
     /// The status the client got (the gateway's or the worker's); 0 until one was sent.
     pub status: u16,
+    /// The gateway's `X-SMG-Error-Code` on its own error answers; "" otherwise.
+    pub error_code: &'static str,
+    /// The request asked for a streamed response (`"stream": true`, where the contract reads it).
+    pub streaming: bool,
+    /// The admission decision, when the limit is on.
+    pub admitted: Option<bool>,
     /// The client asked to close (`Connection: close`, HTTP/1.0 without keep-alive), or the
     /// shard is draining. Read by `finish`, which alone decides keep-alive.
     pub close: bool,
@@ -99,6 +105,9 @@ impl RequestCtx {
             bytes_in: 0,
             bytes_out: 0,
             status: 0,
+            error_code: "",
+            streaming: false,
+            admitted: None,
             close: close || shard.is_draining(),
             http10,
             body_unread: false,

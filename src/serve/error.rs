@@ -137,22 +137,29 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
     })
 }
 
-/// Appends the answer to `f` and returns its status: the one place failures become responses.
-pub fn respond(out: &mut Vec<u8>, f: &Failure, worker: &str, head_only: bool, stamp: &Stamp<'_>) -> u16 {
+/// Appends the answer to `f` and returns its status and `X-SMG-Error-Code` ("" for none):
+/// the one place failures become responses.
+pub fn respond(
+    out: &mut Vec<u8>,
+    f: &Failure,
+    worker: &str,
+    head_only: bool,
+    stamp: &Stamp<'_>,
+) -> (u16, &'static str) {
     if let Failure::Unauthorized | Failure::Forbidden = f {
         let status = if matches!(f, Failure::Unauthorized) { 401 } else { 403 };
         write_simple(out, &Simple { status, content_type: "", headers: &[], body: b"" }, head_only, stamp);
-        return status;
+        return (status, "");
     }
     if let Failure::Invalid(c) = f {
         let body = c.body();
         let resp = Simple { status: c.status(), content_type: "application/json", headers: &[], body: &body };
         write_simple(out, &resp, head_only, stamp);
-        return c.status();
+        return (c.status(), "");
     }
     let e = api_error(f, worker).unwrap_or_else(|| ApiError::internal("internal_error", "unmapped failure"));
     e.write_response(out, head_only, stamp);
-    e.status
+    (e.status, e.code)
 }
 
 /// A short description for the log line of a worker-side failure.

@@ -11,11 +11,13 @@ use monoio::net::TcpStream;
 use super::client::Client;
 use super::ctx::RequestCtx;
 use super::error::{self, Failure};
-use crate::api::{local, Local};
+use crate::access_log::Entry;
+use crate::api::{local, Action, Local};
 use crate::http::head::{BodyKind, RequestHead};
 use crate::http::relay::{RelayEnd, RelayStats};
 use crate::http::respond::Stamp;
 use crate::io::{read_more, read_more_within, shutdown_write, write_all, Timed};
+use crate::metrics::{self, Finished, Routed};
 use crate::shard::Shard;
 
 /// Read buffer of a client connection; it grows for large bodies and is shrunk back after.
@@ -87,6 +89,7 @@ pub async fn finish(
     if keep && ctx.body_unread {
         keep = drain_body(shard, client, head).await;
     }
+    account(shard, client, head, &ctx);
     drop(ctx);
     if !keep {
         return Next::Close;
@@ -120,7 +123,8 @@ async fn answer(
     ctx.status = match &a {
         Answer::Local(l) => local::answer(&mut out, *l, &shard.snapshot(), head_only, &stamp),
         Answer::Failure(f) => {
-            let status = error::respond(&mut out, f, ctx.worker_url(), head_only, &stamp);
+            let (status, code) = error::respond(&mut out, f, ctx.worker_url(), head_only, &stamp);
+            ctx.error_code = code;
             if f.is_worker_side() || status >= 500 {
                 crate::warn!(
                     "request {}: {status} from the gateway, worker {}: {}",
@@ -141,6 +145,58 @@ async fn answer(
         client.linger = true;
     }
     !close
+}
+
+/// Counts the request in the shard's metrics and writes its access line.
+fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &RequestCtx) {
+    if !shard.accounting() {
+        return;
+    }
+    let now = Instant::now();
+    let started = ctx.timings.started;
+    let to_head = ctx.timings.first_byte.unwrap_or(now).saturating_duration_since(started);
+    let first_byte = ctx.timings.first_byte.map(|t| t.saturating_duration_since(started));
+    let model = ctx.chosen.as_ref().and_then(|c| c.worker().model.as_deref());
+    let endpoint = match ctx.route.map(|r| r.action) {
+        Some(Action::Proxy(spec)) => Some(spec.metric),
+        _ => None,
+    };
+    let retries = ctx.attempts.saturating_sub(1);
+    let routed = match (model, endpoint) {
+        (Some(model), Some(endpoint)) => {
+            Some(Routed { model, endpoint, streaming: ctx.streaming, first_byte, retries })
+        }
+        _ => None,
+    };
+    let method = head.map(|h| h.method.name()).unwrap_or("OTHER");
+    let path = ctx.route.map(|r| r.path).unwrap_or("other");
+    shard.record(&Finished {
+        method,
+        path,
+        status: ctx.status,
+        error_code: ctx.error_code,
+        to_head,
+        routed,
+        admitted: ctx.admitted,
+        worker_error: (ctx.chosen.is_some() && ctx.status >= 500).then(|| metrics::error_type(ctx.status)),
+    });
+    // The buffer may be gone (a body read that timed out takes it with the cancelled read).
+    let raw_path = head.and_then(|h| client.buf.get(h.path.clone())).unwrap_or(b"");
+    shard.access_line(&Entry {
+        request_id: &ctx.request_id,
+        tenant: ctx.tenant.as_ref().map(|t| t.as_str()).unwrap_or(""),
+        method,
+        path: raw_path,
+        model: ctx.model.as_deref().unwrap_or(""),
+        worker: ctx.chosen.as_ref().map(|c| c.worker().url.url.as_str()).unwrap_or(""),
+        status: ctx.status,
+        error_code: ctx.error_code,
+        bytes_in: ctx.bytes_in,
+        bytes_out: ctx.bytes_out,
+        duration_us: now.saturating_duration_since(started).as_micros() as u64,
+        ttfb_us: first_byte.map(|d| d.as_micros() as u64),
+        retries,
+    });
 }
 
 /// Reads and drops a short unread body so the connection can carry the next request.

@@ -32,6 +32,7 @@ pub fn inspect(
         crate::warn!("request {}: {w}", ctx.id_str());
     }
     ctx.model = Some(ins.model);
+    ctx.streaming = ins.stream;
     // Splices on the original bytes; no edits means no copy.
     if ins.edits.is_empty() {
         Ok(body)

@@ -143,9 +143,13 @@ async fn admit(shard: &Shard, client: &Client, ctx: &mut RequestCtx) -> Result<(
     let ticket = match Permits::admit(permits) {
         Admit::Now => {
             ctx.permit = Some(Permit::new(permits));
+            ctx.admitted = Some(true);
             return Ok(());
         }
-        Admit::Full => return Err(reject(ApiError::admission_queue_full())),
+        Admit::Full => {
+            ctx.admitted = Some(false);
+            return Err(reject(ApiError::admission_queue_full()));
+        }
         Admit::Queued(t) => t,
     };
     let limit = shard.cfg().admission.as_ref().map(|a| a.queue_timeout).unwrap_or_default();
@@ -173,6 +177,7 @@ async fn admit(shard: &Shard, client: &Client, ctx: &mut RequestCtx) -> Result<(
             }
         }
     };
+    ctx.admitted = Some(granted == Some(true));
     match granted {
         Some(true) => {
             ticket.into_held();

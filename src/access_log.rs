@@ -1,0 +1,259 @@
+//! The access log: one line per request, written at `finish`, at `--log-level info` and up.
+//!
+//! A shard formats lines into its own buffer and hands full buffers (or, every tick, what it
+//! has) to one writer thread over a bounded channel. When the writer falls behind (a slow
+//! disk) the channel is full, the lines are dropped and counted
+//! (`smg_access_log_dropped_total`); a shard never blocks on the log. Keys, bodies and
+//! query strings never appear.
+
+use std::cell::{Cell, RefCell};
+
+use smg_wire::num::put_dec;
+
+/// A buffer this large is handed to the writer without waiting for the tick.
+const FLUSH_AT: usize = 64 * 1024;
+/// Buffers in flight to the writer before lines are dropped.
+const WRITER_QUEUE: usize = 64;
+
+/// One request, as the access line tells it.
+pub struct Entry<'a> {
+    pub request_id: &'a [u8],
+    pub tenant: &'a str,
+    pub method: &'a str,
+    pub path: &'a [u8],
+    pub model: &'a str,
+    pub worker: &'a str,
+    pub status: u16,
+    pub error_code: &'a str,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub duration_us: u64,
+    pub ttfb_us: Option<u64>,
+    pub retries: u8,
+}
+
+pub struct AccessLog {
+    tx: Option<flume::Sender<Vec<u8>>>,
+    json: bool,
+    buf: RefCell<Vec<u8>>,
+    lines: Cell<u64>,
+}
+
+/// Starts the writer thread; its sender goes to every shard.
+pub fn start_writer() -> flume::Sender<Vec<u8>> {
+    let (tx, rx) = flume::bounded::<Vec<u8>>(WRITER_QUEUE);
+    let spawned = std::thread::Builder::new().name("smg-access-log".into()).spawn(move || {
+        while let Ok(chunk) = rx.recv() {
+            crate::log::write_raw(&chunk);
+        }
+    });
+    if let Err(e) = spawned {
+        crate::error!("access log writer: {e}");
+    }
+    tx
+}
+
+impl AccessLog {
+    /// `tx` None: the access log is off.
+    pub fn new(tx: Option<flume::Sender<Vec<u8>>>, json: bool) -> Self {
+        Self { tx, json, buf: RefCell::new(Vec::new()), lines: Cell::new(0) }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Appends the line; returns how many lines were dropped handing a full buffer over.
+    pub fn write(&self, e: &Entry<'_>) -> u64 {
+        if !self.enabled() {
+            return 0;
+        }
+        {
+            let mut b = self.buf.borrow_mut();
+            if self.json {
+                json_line(&mut b, e);
+            } else {
+                text_line(&mut b, e);
+            }
+        }
+        self.lines.set(self.lines.get() + 1);
+        if self.buf.borrow().len() >= FLUSH_AT {
+            self.flush()
+        } else {
+            0
+        }
+    }
+
+    /// Hands the buffered lines to the writer; returns how many were dropped.
+    pub fn flush(&self) -> u64 {
+        let Some(tx) = &self.tx else { return 0 };
+        let lines = self.lines.replace(0);
+        if lines == 0 {
+            return 0;
+        }
+        let chunk = std::mem::take(&mut *self.buf.borrow_mut());
+        match tx.try_send(chunk) {
+            Ok(()) => 0,
+            Err(flume::TrySendError::Full(mut back)) | Err(flume::TrySendError::Disconnected(mut back)) => {
+                // Keep the allocation for the next lines.
+                back.clear();
+                *self.buf.borrow_mut() = back;
+                lines
+            }
+        }
+    }
+}
+
+fn timestamp(out: &mut Vec<u8>) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let c = crate::civil::from_unix(now.as_secs() as i64);
+    let two = |out: &mut Vec<u8>, v: u32| {
+        out.push(b'0' + (v / 10) as u8);
+        out.push(b'0' + (v % 10) as u8);
+    };
+    put_dec(out, c.year.max(0) as u64);
+    out.push(b'-');
+    two(out, c.month);
+    out.push(b'-');
+    two(out, c.day);
+    out.push(b'T');
+    two(out, c.hour);
+    out.push(b':');
+    two(out, c.minute);
+    out.push(b':');
+    two(out, c.second);
+    out.push(b'.');
+    let ms = now.subsec_millis();
+    out.push(b'0' + (ms / 100) as u8);
+    two(out, ms % 100);
+    out.push(b'Z');
+}
+
+/// A value for a text line: printable ASCII kept, anything else `?`, empty as `-`.
+fn text_value(out: &mut Vec<u8>, v: &[u8]) {
+    if v.is_empty() {
+        out.push(b'-');
+    }
+    out.extend(v.iter().map(|b| if b.is_ascii_graphic() { *b } else { b'?' }));
+}
+
+fn text_line(out: &mut Vec<u8>, e: &Entry<'_>) {
+    timestamp(out);
+    out.extend_from_slice(b" INFO  request request_id=");
+    text_value(out, e.request_id);
+    let fields: [(&[u8], &[u8]); 6] = [
+        (b" tenant=", e.tenant.as_bytes()),
+        (b" method=", e.method.as_bytes()),
+        (b" path=", e.path),
+        (b" model=", e.model.as_bytes()),
+        (b" worker=", e.worker.as_bytes()),
+        (b" error_code=", e.error_code.as_bytes()),
+    ];
+    for (k, v) in fields {
+        out.extend_from_slice(k);
+        text_value(out, v);
+    }
+    for (k, v) in [(&b" status="[..], e.status as u64), (b" bytes_in=", e.bytes_in), (b" bytes_out=", e.bytes_out)] {
+        out.extend_from_slice(k);
+        put_dec(out, v);
+    }
+    out.extend_from_slice(b" duration_us=");
+    put_dec(out, e.duration_us);
+    out.extend_from_slice(b" ttfb_us=");
+    match e.ttfb_us {
+        Some(t) => put_dec(out, t),
+        None => out.push(b'-'),
+    }
+    out.extend_from_slice(b" retries=");
+    put_dec(out, e.retries as u64);
+    out.push(b'\n');
+}
+
+fn json_line(out: &mut Vec<u8>, e: &Entry<'_>) {
+    out.extend_from_slice(b"{\"ts\":\"");
+    timestamp(out);
+    out.extend_from_slice(b"\",\"level\":\"INFO\",\"msg\":\"request\",\"request_id\":");
+    smg_wire::json::put_str(out, &String::from_utf8_lossy(e.request_id));
+    for (k, v) in [
+        ("tenant", e.tenant),
+        ("method", e.method),
+        ("path", &String::from_utf8_lossy(e.path)),
+        ("model", e.model),
+        ("worker", e.worker),
+        ("error_code", e.error_code),
+    ] {
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(b"\":");
+        smg_wire::json::put_str(out, v);
+    }
+    for (k, v) in [
+        ("status", e.status as u64),
+        ("bytes_in", e.bytes_in),
+        ("bytes_out", e.bytes_out),
+        ("duration_us", e.duration_us),
+        ("retries", e.retries as u64),
+    ] {
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(b"\":");
+        put_dec(out, v);
+    }
+    out.extend_from_slice(b",\"ttfb_us\":");
+    match e.ttfb_us {
+        Some(t) => put_dec(out, t),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry<'static> {
+        Entry {
+            request_id: b"chatcmpl-1",
+            tenant: "auth:red",
+            method: "POST",
+            path: b"/v1/chat/completions",
+            model: "m x",
+            worker: "http://127.0.0.1:1",
+            status: 200,
+            error_code: "",
+            bytes_in: 10,
+            bytes_out: 20,
+            duration_us: 1234,
+            ttfb_us: Some(99),
+            retries: 0,
+        }
+    }
+
+    #[test]
+    fn text_and_json_lines() {
+        let mut t = Vec::new();
+        text_line(&mut t, &entry());
+        let t = String::from_utf8(t).unwrap();
+        assert!(t.ends_with(" INFO  request request_id=chatcmpl-1 tenant=auth:red method=POST path=/v1/chat/completions model=m?x worker=http://127.0.0.1:1 error_code=- status=200 bytes_in=10 bytes_out=20 duration_us=1234 ttfb_us=99 retries=0\n"), "{t}");
+        assert_eq!(t.as_bytes()[4], b'-');
+        let mut j = Vec::new();
+        json_line(&mut j, &entry());
+        let v: sonic_rs::Value = sonic_rs::from_slice(&j).unwrap();
+        use sonic_rs::JsonValueTrait;
+        assert_eq!(v["model"].as_str(), Some("m x"));
+        assert_eq!(v["status"].as_u64(), Some(200));
+        assert_eq!(v["ttfb_us"].as_u64(), Some(99));
+    }
+
+    #[test]
+    fn a_full_writer_drops_and_counts() {
+        let (tx, rx) = flume::bounded(1);
+        let log = AccessLog::new(Some(tx), false);
+        log.write(&entry());
+        assert_eq!(log.flush(), 0);
+        log.write(&entry());
+        log.write(&entry());
+        assert_eq!(log.flush(), 2, "the writer holds one chunk already");
+        assert_eq!(rx.len(), 1);
+    }
+}

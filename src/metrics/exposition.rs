@@ -1,0 +1,279 @@
+//! The Prometheus text format (version 0.0.4) of merged shard counts and the gauges read at
+//! scrape time.
+
+use std::fmt::Write;
+
+use super::shard::{Counts, Hist, RouterStats};
+use crate::workers::Snapshot;
+
+/// The gauges a scrape reads besides the counts.
+pub struct Gauges<'a> {
+    pub snapshot: &'a Snapshot,
+    /// In-flight requests, all shards.
+    pub inflight: usize,
+    /// In-flight requests per worker id, all shards.
+    pub worker_loads: &'a [usize],
+}
+
+fn escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `{a="x",b="y"}` from label pairs.
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let mut s = String::from("{");
+    for (i, (k, v)) in pairs.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{k}=\"{}\"", escape(v));
+    }
+    s.push('}');
+    s
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn histogram(out: &mut String, name: &str, pairs: &[(&str, &str)], bounds: &[f64], h: &Hist) {
+    let mut cumulative = 0u64;
+    for (i, b) in bounds.iter().enumerate() {
+        cumulative += h.buckets.get(i).copied().unwrap_or(0);
+        let le = b.to_string();
+        let mut p = pairs.to_vec();
+        p.push(("le", &le));
+        let _ = writeln!(out, "{name}_bucket{} {cumulative}", labels(&p));
+    }
+    let mut p = pairs.to_vec();
+    p.push(("le", "+Inf"));
+    let _ = writeln!(out, "{name}_bucket{} {}", labels(&p), h.count);
+    let _ = writeln!(out, "{name}_sum{} {}", labels(pairs), h.sum_secs);
+    let _ = writeln!(out, "{name}_count{} {}", labels(pairs), h.count);
+}
+
+const ROUTER: [(&str, &str); 3] = [("router_type", "http"), ("backend_type", "regular"), ("connection_mode", "http")];
+
+/// Renders everything.
+pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let mut http: Vec<_> = c.http.iter().collect();
+    http.sort_by_key(|(k, _)| **k);
+    family(&mut out, "smg_http_requests_total", "counter", "Total HTTP requests by method and path");
+    for ((method, path), (n, _)) in &http {
+        let _ = writeln!(out, "smg_http_requests_total{} {n}", labels(&[("method", method), ("path", path)]));
+    }
+    family(&mut out, "smg_http_responses_total", "counter", "Total HTTP responses by path, status_code and error_code");
+    let mut responses: Vec<_> = c.responses.iter().collect();
+    responses.sort_by_key(|(k, _)| **k);
+    for ((path, status, code), n) in responses {
+        let s = status.to_string();
+        let l = labels(&[("path", path), ("status_code", &s), ("error_code", code)]);
+        let _ = writeln!(out, "smg_http_responses_total{l} {n}");
+    }
+    family(&mut out, "smg_http_request_duration_seconds", "histogram", "HTTP request duration by method and path");
+    for ((method, path), (_, h)) in &http {
+        histogram(&mut out, "smg_http_request_duration_seconds", &[("method", method), ("path", path)], bounds, h);
+    }
+    family(&mut out, "smg_http_connections_active", "gauge", "Currently active HTTP connections");
+    let _ = writeln!(out, "smg_http_connections_active {}", g.inflight);
+    family(&mut out, "smg_http_rate_limit_total", "counter", "Rate limiting decisions by result (allowed/rejected)");
+    for (i, result) in ["allowed", "rejected"].iter().enumerate() {
+        let _ = writeln!(out, "smg_http_rate_limit_total{} {}", labels(&[("result", result)]), c.rate_limit[i]);
+    }
+
+    let mut router: Vec<(&str, &str, &RouterStats)> =
+        c.router.iter().flat_map(|(m, eps)| eps.iter().map(move |(e, s)| (&**m, *e, s))).collect();
+    router.sort_by_key(|(m, e, _)| (*m, *e));
+    family(
+        &mut out,
+        "smg_router_requests_total",
+        "counter",
+        "Total routed requests by router_type, backend_type, connection_mode, model, endpoint, streaming",
+    );
+    for (model, ep, s) in &router {
+        for (i, streaming) in ["false", "true"].iter().enumerate() {
+            if s.requests[i] > 0 {
+                let mut p = ROUTER.to_vec();
+                p.extend([("model", *model), ("endpoint", *ep), ("streaming", *streaming)]);
+                let _ = writeln!(out, "smg_router_requests_total{} {}", labels(&p), s.requests[i]);
+            }
+        }
+    }
+    family(
+        &mut out,
+        "smg_router_request_duration_seconds",
+        "histogram",
+        "Router request duration by router_type, backend_type, connection_mode, model, endpoint",
+    );
+    for (model, ep, s) in &router {
+        let mut p = ROUTER.to_vec();
+        p.extend([("model", *model), ("endpoint", *ep)]);
+        histogram(&mut out, "smg_router_request_duration_seconds", &p, bounds, &s.duration);
+    }
+    family(
+        &mut out,
+        "smg_router_ttft_seconds",
+        "histogram",
+        "Time to first token by router_type, backend_type, model, endpoint",
+    );
+    for (model, ep, s) in &router {
+        let p = [ROUTER[0], ROUTER[1], ("model", model), ("endpoint", ep)];
+        histogram(&mut out, "smg_router_ttft_seconds", &p, bounds, &s.ttft);
+    }
+    family(
+        &mut out,
+        "smg_router_request_errors_total",
+        "counter",
+        "Router errors by router_type, backend_type, connection_mode, model, endpoint, error_type",
+    );
+    for (model, ep, s) in &router {
+        let mut errs: Vec<_> = s.errors.iter().collect();
+        errs.sort();
+        for (t, n) in errs {
+            let mut p = ROUTER.to_vec();
+            p.extend([("model", *model), ("endpoint", *ep), ("error_type", *t)]);
+            let _ = writeln!(out, "smg_router_request_errors_total{} {n}", labels(&p));
+        }
+    }
+    family(
+        &mut out,
+        "smg_router_upstream_responses_total",
+        "counter",
+        "Upstream backend HTTP responses by router_type, status_code, error_code",
+    );
+    let mut up: Vec<_> = c.upstream.iter().collect();
+    up.sort_by_key(|(k, _)| **k);
+    for ((status, code), n) in up {
+        let s = status.to_string();
+        let l = labels(&[("router_type", "http"), ("status_code", &s), ("error_code", code)]);
+        let _ = writeln!(out, "smg_router_upstream_responses_total{l} {n}");
+    }
+
+    family(&mut out, "smg_worker_health", "gauge", "Worker health status (1=healthy, 0=unhealthy)");
+    for w in &g.snapshot.workers {
+        let _ = writeln!(out, "smg_worker_health{} {}", labels(&[("worker", &w.url.url)]), u8::from(w.healthy));
+    }
+    family(
+        &mut out,
+        "smg_worker_pool_size",
+        "gauge",
+        "Current worker pool size by worker_type, connection_mode, model",
+    );
+    let mut pools: Vec<(&str, usize)> = Vec::new();
+    for w in &g.snapshot.workers {
+        let m = w.model.as_deref().unwrap_or("unknown");
+        match pools.iter_mut().find(|(pm, _)| *pm == m) {
+            Some((_, n)) => *n += 1,
+            None => pools.push((m, 1)),
+        }
+    }
+    for (m, n) in pools {
+        let l = labels(&[("worker_type", "regular"), ("connection_mode", "http"), ("model", m)]);
+        let _ = writeln!(out, "smg_worker_pool_size{l} {n}");
+    }
+    family(&mut out, "smg_worker_requests_active", "gauge", "Currently running requests per worker");
+    for w in &g.snapshot.workers {
+        let n = g.worker_loads.get(w.id.index()).copied().unwrap_or(0);
+        let _ = writeln!(out, "smg_worker_requests_active{} {n}", labels(&[("worker", &w.url.url)]));
+    }
+    family(
+        &mut out,
+        "smg_worker_selection_total",
+        "counter",
+        "Worker selection events by worker_type, connection_mode, model, policy",
+    );
+    let mut by_model: Vec<(&str, u64)> = Vec::new();
+    for (model, _, s) in &router {
+        match by_model.iter_mut().find(|(m, _)| m == model) {
+            Some((_, n)) => *n += s.selections,
+            None => by_model.push((model, s.selections)),
+        }
+    }
+    for (m, n) in by_model {
+        let l = labels(&[("worker_type", "regular"), ("connection_mode", "http"), ("model", m), ("policy", policy)]);
+        let _ = writeln!(out, "smg_worker_selection_total{l} {n}");
+    }
+    family(
+        &mut out,
+        "smg_worker_errors_total",
+        "counter",
+        "Worker-level errors by worker_type, connection_mode, error_type",
+    );
+    let mut we: Vec<_> = c.worker_errors.iter().collect();
+    we.sort();
+    for (t, n) in we {
+        let l = labels(&[("worker_type", "regular"), ("connection_mode", "http"), ("error_type", t)]);
+        let _ = writeln!(out, "smg_worker_errors_total{l} {n}");
+    }
+    family(&mut out, "smg_worker_retries_total", "counter", "Total retry attempts by worker_type and endpoint");
+    let mut rt: Vec<_> = c.retries.iter().collect();
+    rt.sort();
+    for (ep, n) in rt {
+        let _ =
+            writeln!(out, "smg_worker_retries_total{} {n}", labels(&[("worker_type", "regular"), ("endpoint", ep)]));
+    }
+    family(
+        &mut out,
+        "smg_access_log_dropped_total",
+        "counter",
+        "Access log lines dropped because the log writer fell behind",
+    );
+    let _ = writeln!(out, "smg_access_log_dropped_total {}", c.access_log_dropped);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::shard::{Finished, Routed, ShardMetrics, DEFAULT_BUCKETS};
+    use std::time::Duration;
+
+    #[test]
+    fn exposition_lines() {
+        let m = ShardMetrics::new(&DEFAULT_BUCKETS);
+        let routed = Routed {
+            model: "m\"x",
+            endpoint: "chat",
+            streaming: true,
+            first_byte: Some(Duration::from_millis(3)),
+            retries: 1,
+        };
+        m.record(&Finished {
+            method: "POST",
+            path: "/v1/chat/completions",
+            status: 200,
+            error_code: "",
+            to_head: Duration::from_millis(3),
+            routed: Some(routed),
+            admitted: Some(true),
+            worker_error: None,
+        });
+        let snap = Snapshot::default();
+        let g = Gauges { snapshot: &snap, inflight: 2, worker_loads: &[] };
+        let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");
+        for line in [
+            "smg_http_requests_total{method=\"POST\",path=\"/v1/chat/completions\"} 1",
+            "smg_http_responses_total{path=\"/v1/chat/completions\",status_code=\"200\",error_code=\"\"} 1",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.001\"} 0",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.005\"} 1",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"+Inf\"} 1",
+            "smg_http_connections_active 2",
+            "smg_http_rate_limit_total{result=\"allowed\"} 1",
+            "smg_router_requests_total{router_type=\"http\",backend_type=\"regular\",connection_mode=\"http\",model=\"m\\\"x\",endpoint=\"chat\",streaming=\"true\"} 1",
+            "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"chat\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The metrics listener (`--prometheus-host`:`--prometheus-port`, `GET /metrics`), on a
+//! control thread of its own: a scrape asks every shard for its report through the shard's
+//! inbox, waits for the answers here (never on a shard), merges and renders.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use super::exposition::{render, Gauges};
+use super::shard::{Counts, ShardReport};
+use crate::workers::Registry;
+
+/// What a scrape needs from the running gateway.
+pub struct Scraper {
+    /// Asks shard i for its report; the report comes back on the given channel.
+    pub ask: Vec<Box<dyn Fn(flume::Sender<ShardReport>) -> bool + Send>>,
+    pub registry: Registry,
+    pub bounds: Vec<f64>,
+    pub policy: String,
+}
+
+impl Scraper {
+    /// Every shard's report merged; a shard that does not answer within a second is left out.
+    pub fn scrape(&self) -> String {
+        let (tx, rx) = flume::bounded(self.ask.len().max(1));
+        let asked = self.ask.iter().filter(|ask| ask(tx.clone())).count();
+        drop(tx);
+        let mut counts = Counts::default();
+        let mut inflight = 0;
+        let mut loads: Vec<usize> = Vec::new();
+        for _ in 0..asked {
+            let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
+            counts.merge(&r.counts);
+            inflight += r.inflight;
+            if loads.len() < r.worker_loads.len() {
+                loads.resize(r.worker_loads.len(), 0);
+            }
+            for (a, b) in loads.iter_mut().zip(&r.worker_loads) {
+                *a += b;
+            }
+        }
+        let snap = self.registry.load();
+        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads };
+        render(&counts, &g, &self.bounds, &self.policy)
+    }
+}
+
+/// Binds and serves until the process exits. A bind failure is logged, not fatal: the
+/// gateway serves without metrics rather than not at all.
+pub fn start(addr: SocketAddr, scraper: Scraper) {
+    let listener = match TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) => {
+            crate::error!("metrics listener on {addr}: {e}; serving without metrics");
+            return;
+        }
+    };
+    crate::info!("metrics on http://{addr}/metrics");
+    let spawned = std::thread::Builder::new().name("smg-metrics".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(s) = conn else { continue };
+            serve(s, &scraper);
+        }
+    });
+    if let Err(e) = spawned {
+        crate::error!("metrics listener: {e}");
+    }
+}
+
+fn serve(mut s: TcpStream, scraper: &Scraper) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut buf = Vec::with_capacity(1024);
+    let mut tmp = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+        match s.read(&mut tmp) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+    let line = buf.split(|b| *b == b'\n').next().unwrap_or(b"");
+    let (status, ctype, body) = if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET /metrics?") {
+        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", scraper.scrape())
+    } else {
+        ("404 Not Found", "text/plain", "not found\n".to_string())
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body.as_bytes());
+}
