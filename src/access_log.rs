@@ -1,7 +1,7 @@
 //! The access log: one line per request, written at `finish`, at `--log-level info` and up.
 //!
 //! A shard formats lines into its own buffer and hands full buffers (or, every tick, what it
-//! has) to one writer thread over a bounded channel. When the writer falls behind (a slow
+//! has) to the log's one writer thread (`log::start_writer`) over its bounded channel. When the writer falls behind (a slow
 //! disk) the channel is full, the lines are dropped and counted
 //! (`smg_access_log_dropped_total`); a shard never blocks on the log. Keys, bodies and
 //! query strings never appear.
@@ -12,8 +12,6 @@ use smg_wire::num::put_dec;
 
 /// A buffer this large is handed to the writer without waiting for the tick.
 const FLUSH_AT: usize = 64 * 1024;
-/// Buffers in flight to the writer before lines are dropped.
-const WRITER_QUEUE: usize = 64;
 
 /// One request, as the access line tells it.
 pub struct Entry<'a> {
@@ -37,20 +35,6 @@ pub struct AccessLog {
     json: bool,
     buf: RefCell<Vec<u8>>,
     lines: Cell<u64>,
-}
-
-/// Starts the writer thread; its sender goes to every shard.
-pub fn start_writer() -> flume::Sender<Vec<u8>> {
-    let (tx, rx) = flume::bounded::<Vec<u8>>(WRITER_QUEUE);
-    let spawned = std::thread::Builder::new().name("smg-access-log".into()).spawn(move || {
-        while let Ok(chunk) = rx.recv() {
-            crate::log::write_raw(&chunk);
-        }
-    });
-    if let Err(e) = spawned {
-        crate::error!("access log writer: {e}");
-    }
-    tx
 }
 
 impl AccessLog {

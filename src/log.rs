@@ -54,9 +54,9 @@ pub fn json() -> bool {
     JSON.load(Ordering::Relaxed)
 }
 
-/// Writes whole lines to the sink, opening the next day's file when the date changes. Only
-/// the log writer thread and warnings call this; a shard's request path never does.
-pub fn write_raw(lines: &[u8]) {
+/// Writes whole lines to the sink, opening the next day's file when the date changes. Once
+/// the writer thread runs, only it calls this.
+fn write_raw(lines: &[u8]) {
     let mut sink = SINK.lock().unwrap_or_else(|e| e.into_inner());
     match &mut *sink {
         Sink::Stderr => {
@@ -118,7 +118,59 @@ pub fn write(level: LogLevel, args: std::fmt::Arguments<'_>) {
     } else {
         format!("{} {:5} {}\n", timestamp(), name(level), msg).into_bytes()
     };
-    write_raw(&line);
+    match WRITER.get() {
+        // Never block the caller (a shard, maybe) on a slow sink: the writer thread owns it.
+        Some(tx) => {
+            if tx.try_send(line).is_err() {
+                DROPPED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        None => write_raw(&line),
+    }
+}
+
+/// Lines bound for the writer thread, once it runs.
+static WRITER: std::sync::OnceLock<flume::Sender<Vec<u8>>> = std::sync::OnceLock::new();
+/// Log lines dropped because the writer fell behind.
+static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Starts the one thread that writes to the sink, and returns the channel it reads (the
+/// access log sends its chunks there too). From then on no other thread touches the sink:
+/// a slow disk stalls only this thread, and what does not fit in its queue is dropped.
+pub fn start_writer() -> flume::Sender<Vec<u8>> {
+    let tx = WRITER.get_or_init(|| {
+        let (tx, rx) = flume::bounded::<Vec<u8>>(256);
+        let spawned = std::thread::Builder::new().name("smg-log".into()).spawn(move || {
+            while let Ok(chunk) = rx.recv() {
+                WRITING.store(true, Ordering::Release);
+                write_raw(&chunk);
+                WRITING.store(false, Ordering::Release);
+            }
+        });
+        if let Err(e) = spawned {
+            eprintln!("log writer: {e}");
+        }
+        tx
+    });
+    tx.clone()
+}
+
+static WRITING: AtomicBool = AtomicBool::new(false);
+
+/// Waits (at most a second) until the writer has written everything queued: before exit.
+pub fn flush() {
+    let Some(tx) = WRITER.get() else { return };
+    for _ in 0..200 {
+        if tx.is_empty() && !WRITING.load(Ordering::Acquire) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Log lines (not access lines) dropped so far.
+pub fn dropped() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
 }
 
 #[macro_export]

@@ -23,7 +23,9 @@ fn main() -> std::process::ExitCode {
         eprintln!("error: {e}");
         return std::process::ExitCode::from(2);
     }
-    match smg::runtime::run(cfg) {
+    let result = smg::runtime::run(cfg);
+    smg::log::flush();
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

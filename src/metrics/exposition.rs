@@ -230,6 +230,8 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         "Access log lines dropped because the log writer fell behind",
     );
     let _ = writeln!(out, "smg_access_log_dropped_total {}", c.access_log_dropped);
+    family(&mut out, "smg_log_lines_dropped_total", "counter", "Log lines dropped because the log writer fell behind");
+    let _ = writeln!(out, "smg_log_lines_dropped_total {}", crate::log::dropped());
     out
 }
 

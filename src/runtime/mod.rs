@@ -121,8 +121,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let (ready_tx, ready_rx) = flume::unbounded::<Result<(), String>>();
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::bounded::<ShardMsg>(64)).unzip();
     let (permit_txs, permit_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<PermitMsg>()).unzip();
-    // The access log is on at --log-level info and up (SMG logs each request at info).
-    let access_log = crate::log::enabled(crate::log::LogLevel::Info).then(crate::access_log::start_writer);
+    // From here on one thread writes the log. The access log is on at --log-level info and
+    // up (SMG logs each request at info).
+    let writer = crate::log::start_writer();
+    let access_log = crate::log::enabled(crate::log::LogLevel::Info).then_some(writer);
     let mut threads = Vec::new();
     for (index, (rx, permit_rx)) in receivers.into_iter().zip(permit_rxs).enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
