@@ -206,6 +206,20 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
     TcpListener::bind_with_config(addr, &opts)
 }
 
+/// A listener on a descriptor someone else opened (systemd's socket activation): a
+/// duplicate, so each shard owns its own and the original stays for the others.
+pub fn listener_from_fd(fd: RawFd) -> io::Result<TcpListener> {
+    // SAFETY: dup of a descriptor systemd handed us; the new one is owned at once.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is a fresh descriptor nothing else owns.
+    let std = unsafe { std::net::TcpListener::from_raw_fd(dup) };
+    std.set_nonblocking(true)?;
+    TcpListener::from_std(std)
+}
+
 /// Ends a listener's pending and future accepts (they fail with EINVAL) without cancelling
 /// an accept the kernel may already have completed: a cancelled accept's descriptor would
 /// be lost. The kernel also stops handing this listener new connections.

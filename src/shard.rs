@@ -116,6 +116,7 @@ pub struct Shard {
     /// None with `--prometheus-port 0`.
     metrics: Option<ShardMetrics>,
     access: AccessLog,
+    heartbeats: Heartbeats,
 }
 
 /// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
@@ -126,6 +127,7 @@ pub struct Peers {
     pub permits: Vec<(usize, flume::Sender<PermitMsg>)>,
     /// The access log writer (None: access log off).
     pub access_log: Option<flume::Sender<Vec<u8>>>,
+    pub heartbeats: Heartbeats,
 }
 
 // === impl Shard ===
@@ -161,6 +163,7 @@ impl Shard {
             permits,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
+            heartbeats: peers.heartbeats,
             cfg,
         }
     }
@@ -370,6 +373,7 @@ impl Shard {
     /// Periodic work: every tick, hand peers this shard's digest and loads; about once a
     /// second (`slow`), sweep idle pooled connections and age routing state.
     pub fn tick(&self, slow: bool) {
+        self.heartbeats.beat(self.index);
         self.gossip();
         let dropped = self.access.flush();
         self.count_dropped(dropped);
@@ -405,6 +409,37 @@ impl Shard {
         for p in &self.peers {
             let _ = p.try_send(ShardMsg::Digest(Arc::clone(&d)));
         }
+    }
+}
+
+/// Shard liveness for the systemd watchdog: each shard stamps its slot on every tick (every
+/// 100 ms, off the request path).
+#[derive(Clone)]
+pub struct Heartbeats {
+    start: std::time::Instant,
+    slots: Arc<Vec<std::sync::atomic::AtomicU64>>,
+}
+
+impl Heartbeats {
+    pub fn new(shards: usize) -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            slots: Arc::new((0..shards).map(|_| std::sync::atomic::AtomicU64::new(0)).collect()),
+        }
+    }
+
+    fn beat(&self, i: usize) {
+        if let Some(s) = self.slots.get(i) {
+            s.store(self.start.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Every shard ticked within `limit`.
+    pub fn all_within(&self, limit: std::time::Duration) -> bool {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.slots
+            .iter()
+            .all(|s| now.saturating_sub(s.load(std::sync::atomic::Ordering::Relaxed)) <= limit.as_millis() as u64)
     }
 }
 

@@ -2,6 +2,7 @@
 //! the worker control thread; turn SIGTERM/SIGINT into a drain; exit when shards are done.
 
 mod accept;
+mod systemd;
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use arc_swap::ArcSwap;
 
 use crate::admission::permits::PermitMsg;
 use crate::config::{Config, Host};
-use crate::shard::{Peers, Shard, ShardMsg};
+use crate::shard::{Heartbeats, Peers, Shard, ShardMsg};
 use crate::workers::{health, Registry, Snapshot};
 
 /// Cores this process may run on (respects taskset/cpusets).
@@ -77,6 +78,8 @@ struct ShardStart {
     peers: Peers,
     inbox: flume::Receiver<ShardMsg>,
     permit_inbox: flume::Receiver<PermitMsg>,
+    /// A socket from systemd to accept on instead of binding `--host`/`--port`.
+    activated: Option<std::os::fd::RawFd>,
 }
 
 /// A shard thread: pin, build the reactor, bind, report ready, serve until drained.
@@ -92,10 +95,14 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(), String>>) {
         }
     };
     rt.block_on(async move {
-        let listener = match crate::io::bind(s.cfg.listen) {
+        let bound = match s.activated {
+            Some(fd) => crate::io::listener_from_fd(fd).map_err(|e| format!("socket {fd} from systemd: {e}")),
+            None => crate::io::bind(s.cfg.listen).map_err(|e| format!("cannot listen on {}: {e}", s.cfg.listen)),
+        };
+        let listener = match bound {
             Ok(l) => l,
             Err(e) => {
-                let _ = ready.send(Err(format!("cannot listen on {}: {e}", s.cfg.listen)));
+                let _ = ready.send(Err(e));
                 return;
             }
         };
@@ -125,6 +132,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
     // up (SMG logs each request at info).
     let writer = crate::log::start_writer();
     let access_log = crate::log::enabled(crate::log::LogLevel::Info).then_some(writer);
+    let activated = systemd::listen_fds();
+    let heartbeats = Heartbeats::new(cfg.cores);
     let mut threads = Vec::new();
     for (index, (rx, permit_rx)) in receivers.into_iter().zip(permit_rxs).enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
@@ -133,6 +142,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             inboxes: inboxes.iter().enumerate().filter(|(i, _)| others(i)).map(|(_, tx)| tx.clone()).collect(),
             permits: permit_txs.iter().enumerate().filter(|(i, _)| others(i)).map(|(i, tx)| (i, tx.clone())).collect(),
             access_log: access_log.clone(),
+            heartbeats: heartbeats.clone(),
         };
         let shard_cfg = ShardStart {
             index,
@@ -143,6 +153,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             peers,
             inbox: rx,
             permit_inbox: permit_rx,
+            activated: (!activated.is_empty()).then(|| activated[index % activated.len()]),
         };
         let ready = ready_tx.clone();
         let t = std::thread::Builder::new()
@@ -164,11 +175,16 @@ pub fn run(cfg: Config) -> Result<(), String> {
     } else {
         "epoll"
     };
-    crate::info!(
-        "smg listening on {} with {} shard(s) ({driver}), {} worker(s)",
-        cfg.listen,
-        cfg.cores,
-        cfg.workers.len()
+    let on = if activated.is_empty() {
+        cfg.listen.to_string()
+    } else {
+        format!("{} socket(s) from systemd", activated.len())
+    };
+    crate::info!("smg listening on {on} with {} shard(s) ({driver}), {} worker(s)", cfg.cores, cfg.workers.len());
+    let ready_registry = Arc::clone(&registry);
+    systemd::start(
+        move |within| heartbeats.all_within(within),
+        move || ready_registry.load().workers.iter().any(|w| w.healthy),
     );
 
     if let Some(m) = &cfg.metrics {
@@ -191,6 +207,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
 
     let sig = wait_signal(&sigset);
     crate::info!("signal {sig}: draining (grace {}s)", cfg.shutdown_grace.as_secs());
+    systemd::notify("STOPPING=1");
     for tx in &inboxes {
         let _ = tx.try_send(ShardMsg::Drain);
     }
