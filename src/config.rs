@@ -21,6 +21,11 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Start the gateway in front of inference workers.
+    #[command(after_help = "Signals: SIGTERM or SIGINT drains (no new connections; in-flight requests and streams \
+finish within --shutdown-grace-period-secs) and exits. SIGUSR2 upgrades without downtime: the binary now at this \
+path starts with the same flags, takes over the listening sockets, and once a worker is routable there this \
+process drains; no connection is refused or reset. Under systemd: Type=notify, WatchdogSec and socket activation \
+(LISTEN_FDS) are supported; see tuning/.")]
     Launch(Box<LaunchArgs>),
     /// Start the gateway with two built-in simulated workers; prints a curl line to try.
     Demo(DemoArgs),

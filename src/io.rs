@@ -220,14 +220,6 @@ pub fn listener_from_fd(fd: RawFd) -> io::Result<TcpListener> {
     TcpListener::from_std(std)
 }
 
-/// Ends a listener's pending and future accepts (they fail with EINVAL) without cancelling
-/// an accept the kernel may already have completed: a cancelled accept's descriptor would
-/// be lost. The kernel also stops handing this listener new connections.
-pub fn stop_listening(l: &TcpListener) {
-    // SAFETY: shutdown on a descriptor we own.
-    unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RD) };
-}
-
 pub async fn sleep(d: Duration) {
     monoio::time::sleep(d).await
 }

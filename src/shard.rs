@@ -23,8 +23,11 @@ use crate::workers::{Registry, Snapshot, WorkerId};
 /// digests from peer shards. Always sent with `try_send`, never awaited on a request path.
 #[derive(Debug, Clone)]
 pub enum ShardMsg {
-    /// Stop accepting; finish in-flight requests within the grace period; exit.
-    Drain,
+    /// Stop accepting; finish in-flight requests within the grace period; exit. With
+    /// `handover` (a binary upgrade: the listening sockets live on in the successor) also
+    /// wait for idle keep-alive clients to send their next request, which is answered with
+    /// `connection: close`, so no client ever finds its connection closed under it.
+    Drain { handover: bool },
     /// A peer's recent cache-aware inserts, replayed into this shard's trees.
     Digest(Arc<Digest>),
     /// A peer's in-flight requests per worker id, as of its last tick.
@@ -110,6 +113,10 @@ pub struct Shard {
     /// The accept loop, parked while the shard is at its connection cap.
     accept_waiter: Cell<Option<Waker>>,
     draining: Cell<bool>,
+    /// The drain hands the listeners to a successor (see ShardMsg::Drain).
+    handover: Cell<bool>,
+    /// Cancels the pending accept when the drain starts.
+    accept_cancel: RefCell<monoio::io::Canceller>,
     events: flume::Sender<WorkerEvent>,
     /// This shard's share of the admission permits (None without `--max-concurrent-requests`).
     permits: Option<Rc<RefCell<Permits>>>,
@@ -159,6 +166,8 @@ impl Shard {
             connections: Cell::new(0),
             accept_waiter: Cell::new(None),
             draining: Cell::new(false),
+            handover: Cell::new(false),
+            accept_cancel: RefCell::new(monoio::io::Canceller::new()),
             events,
             permits,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
@@ -317,9 +326,27 @@ impl Shard {
         self.draining.get()
     }
 
+    /// Stops accepting: cancels the pending accept (an accept the kernel already completed
+    /// still comes back, and is served) and wakes an accept loop parked at the cap.
     pub fn start_drain(&self) {
         self.draining.set(true);
+        let c = std::mem::take(&mut *self.accept_cancel.borrow_mut());
+        drop(c.cancel());
         self.wake_accept();
+    }
+
+    /// What the accept loop passes to `cancelable_accept`.
+    pub fn accept_handle(&self) -> monoio::io::CancelHandle {
+        self.accept_cancel.borrow().handle()
+    }
+
+    pub fn hands_over(&self) -> bool {
+        self.handover.get()
+    }
+
+    /// Open client connections on this shard.
+    pub fn connections(&self) -> usize {
+        self.connections.get()
     }
 
     /// This shard's share of `--max-connections`.
@@ -365,7 +392,10 @@ impl Shard {
             ShardMsg::Scrape(reply) => {
                 let _ = reply.try_send(self.report());
             }
-            ShardMsg::Drain => return false,
+            ShardMsg::Drain { handover } => {
+                self.handover.set(handover);
+                return false;
+            }
         }
         true
     }

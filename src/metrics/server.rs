@@ -45,18 +45,29 @@ impl Scraper {
     }
 }
 
-/// Binds and serves until the process exits. A bind failure is logged, not fatal: the
-/// gateway serves without metrics rather than not at all.
+/// Binds and serves until the process exits. A port still held (by the gateway this one is
+/// replacing in a binary upgrade) is retried every half second; any other bind failure is
+/// logged, not fatal: the gateway serves without metrics rather than not at all.
 pub fn start(addr: SocketAddr, scraper: Scraper) {
-    let listener = match TcpListener::bind(addr) {
-        Ok(l) => l,
-        Err(e) => {
-            crate::error!("metrics listener on {addr}: {e}; serving without metrics");
-            return;
-        }
-    };
-    crate::info!("metrics on http://{addr}/metrics");
     let spawned = std::thread::Builder::new().name("smg-metrics".into()).spawn(move || {
+        let mut waited = false;
+        let listener = loop {
+            match TcpListener::bind(addr) {
+                Ok(l) => break l,
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    if !waited {
+                        crate::warn!("metrics listener on {addr}: {e}; retrying until it is free");
+                        waited = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    crate::error!("metrics listener on {addr}: {e}; serving without metrics");
+                    return;
+                }
+            }
+        };
+        crate::info!("metrics on http://{addr}/metrics");
         for conn in listener.incoming() {
             let Ok(s) = conn else { continue };
             serve(s, &scraper);

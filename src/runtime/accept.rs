@@ -4,8 +4,9 @@
 //! iteration, dropped an accept the kernel had already completed whenever the inbox won
 //! (about 1 connection in 2,000 on io_uring with two shards: accepted, never read, its
 //! descriptor leaked in CLOSE-WAIT). Now inbox messages have their own task, and drain ends
-//! the loop by shutting the listener down, which fails the pending accept instead of
-//! cancelling it.
+//! the loop by cancelling the pending accept and still awaiting it: an accept that completed
+//! before the cancel comes back with its connection, which is served. The listening socket
+//! itself is left alone, so a successor that inherited it (a binary upgrade) keeps accepting.
 //!
 //! At the shard's share of `--max-connections` the loop parks until a connection closes, so
 //! the kernel's backlog holds new clients instead of us running out of descriptors. Accept
@@ -33,16 +34,23 @@ pub async fn serve(
 ) {
     let listener = Rc::new(listener);
     let ticker = monoio::spawn(tick(Rc::clone(&shard)));
-    let messages = monoio::spawn(receive(Rc::clone(&shard), inbox, Rc::clone(&listener)));
+    let messages = monoio::spawn(receive(Rc::clone(&shard), inbox));
     let permits = monoio::spawn(receive_permits(Rc::clone(&shard), permit_inbox));
     accept_loop(&shard, &listener).await;
     drop(listener);
     let deadline = Instant::now() + shard.cfg().shutdown_grace;
-    while shard.inflight() > 0 && Instant::now() < deadline {
+    // A handover also waits for idle keep-alive clients (each leaves after one more request).
+    let busy = |s: &Shard| s.inflight() > 0 || (s.hands_over() && s.connections() > 0);
+    while busy(&shard) && Instant::now() < deadline {
         io::sleep(Duration::from_millis(10)).await;
     }
-    if shard.inflight() > 0 {
-        crate::warn!("shard {}: grace period over with {} requests in flight", shard.index(), shard.inflight());
+    if busy(&shard) {
+        crate::warn!(
+            "shard {}: grace period over with {} requests in flight, {} connections open",
+            shard.index(),
+            shard.inflight(),
+            shard.connections()
+        );
     }
     drop(ticker);
     drop(messages);
@@ -62,7 +70,7 @@ async fn accept_loop(shard: &Rc<Shard>, listener: &TcpListener) {
                 None => shard.slot_free().await,
             }
         };
-        match listener.accept().await {
+        match listener.cancelable_accept(shard.accept_handle()).await {
             Ok((stream, _peer)) => {
                 backoff = Duration::ZERO;
                 monoio::spawn(crate::serve::connection(Rc::clone(shard), stream, slot));
@@ -100,7 +108,7 @@ impl ErrorLog {
 }
 
 /// The inbox: digests and loads from peers, drain from the control thread.
-async fn receive(shard: Rc<Shard>, inbox: flume::Receiver<ShardMsg>, listener: Rc<TcpListener>) {
+async fn receive(shard: Rc<Shard>, inbox: flume::Receiver<ShardMsg>) {
     loop {
         let go_on = match inbox.recv_async().await {
             Ok(msg) => shard.on_message(msg),
@@ -108,7 +116,6 @@ async fn receive(shard: Rc<Shard>, inbox: flume::Receiver<ShardMsg>, listener: R
         };
         if !go_on {
             shard.start_drain();
-            io::stop_listening(&listener);
             return;
         }
     }

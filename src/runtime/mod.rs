@@ -3,7 +3,9 @@
 
 mod accept;
 mod systemd;
+mod upgrade;
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,8 +49,8 @@ fn build_runtime() -> std::io::Result<ShardRuntime> {
     base().uring_builder(tuned).build().or_else(|_| base().build())
 }
 
-/// Blocks SIGTERM and SIGINT in this thread (and so in every thread spawned after), so
-/// only the main thread's sigwait sees them.
+/// Blocks SIGTERM, SIGINT and SIGUSR2 (upgrade) in this thread (and so in every thread
+/// spawned after), so only the main thread's sigwait sees them.
 fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-set manipulation on a zeroed set.
     unsafe {
@@ -56,6 +58,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGUSR2);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
@@ -80,10 +83,13 @@ struct ShardStart {
     permit_inbox: flume::Receiver<PermitMsg>,
     /// A socket from systemd to accept on instead of binding `--host`/`--port`.
     activated: Option<std::os::fd::RawFd>,
+    /// A successor in a binary upgrade: accept only once a worker is routable (the
+    /// predecessor serves until then).
+    accept_when_routable: bool,
 }
 
 /// A shard thread: pin, build the reactor, bind, report ready, serve until drained.
-fn shard_main(s: ShardStart, ready: flume::Sender<Result<(), String>>) {
+fn shard_main(s: ShardStart, ready: flume::Sender<Result<(usize, RawFd), String>>) {
     if let Some(core) = s.core {
         core_affinity::set_for_current(core);
     }
@@ -106,8 +112,13 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(), String>>) {
                 return;
             }
         };
-        let _ = ready.send(Ok(()));
+        let _ = ready.send(Ok((s.index, listener.as_raw_fd())));
         let shard = Rc::new(Shard::new(s.index, s.cfg, s.registry, s.events, s.peers));
+        if s.accept_when_routable {
+            while !shard.snapshot().workers.iter().any(|w| w.healthy) {
+                monoio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         accept::serve(shard, listener, s.inbox, s.permit_inbox).await;
     });
 }
@@ -125,14 +136,16 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let events = health::start(cfg.workers.clone(), Arc::clone(&registry), times);
 
     let cores = allowed_cores();
-    let (ready_tx, ready_rx) = flume::unbounded::<Result<(), String>>();
+    let (ready_tx, ready_rx) = flume::unbounded::<Result<(usize, RawFd), String>>();
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::bounded::<ShardMsg>(64)).unzip();
     let (permit_txs, permit_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<PermitMsg>()).unzip();
     // From here on one thread writes the log. The access log is on at --log-level info and
     // up (SMG logs each request at info).
     let writer = crate::log::start_writer();
     let access_log = crate::log::enabled(crate::log::LogLevel::Info).then_some(writer);
-    let activated = systemd::listen_fds();
+    // Sockets from a predecessor (binary upgrade) or from systemd, else our own.
+    let (inherited, upgrade_ready) = upgrade::inherited();
+    let activated = if inherited.is_empty() { systemd::listen_fds() } else { inherited };
     let heartbeats = Heartbeats::new(cfg.cores);
     let mut threads = Vec::new();
     for (index, (rx, permit_rx)) in receivers.into_iter().zip(permit_rxs).enumerate() {
@@ -154,6 +167,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             inbox: rx,
             permit_inbox: permit_rx,
             activated: (!activated.is_empty()).then(|| activated[index % activated.len()]),
+            accept_when_routable: upgrade_ready.is_some(),
         };
         let ready = ready_tx.clone();
         let t = std::thread::Builder::new()
@@ -163,9 +177,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
         threads.push(t);
     }
     drop(ready_tx);
+    let mut listeners = vec![-1; cfg.cores];
     for _ in 0..cfg.cores {
         match ready_rx.recv() {
-            Ok(Ok(())) => {}
+            Ok(Ok((i, fd))) => listeners[i] = fd,
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err("a shard failed to start".into()),
         }
@@ -181,11 +196,20 @@ pub fn run(cfg: Config) -> Result<(), String> {
         format!("{} socket(s) from systemd", activated.len())
     };
     crate::info!("smg listening on {on} with {} shard(s) ({driver}), {} worker(s)", cfg.cores, cfg.workers.len());
-    let ready_registry = Arc::clone(&registry);
-    systemd::start(
-        move |within| heartbeats.all_within(within),
-        move || ready_registry.load().workers.iter().any(|w| w.healthy),
-    );
+    let routable = {
+        let registry = Arc::clone(&registry);
+        move || registry.load().workers.iter().any(|w| w.healthy)
+    };
+    if let Some(fd) = upgrade_ready {
+        let routable = routable.clone();
+        std::thread::spawn(move || {
+            while !routable() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            upgrade::report_ready(fd);
+        });
+    }
+    systemd::start(move |within| heartbeats.all_within(within), routable);
 
     if let Some(m) = &cfg.metrics {
         let ask = inboxes
@@ -205,11 +229,24 @@ pub fn run(cfg: Config) -> Result<(), String> {
         crate::metrics::server::start(m.listen, scraper);
     }
 
-    let sig = wait_signal(&sigset);
-    crate::info!("signal {sig}: draining (grace {}s)", cfg.shutdown_grace.as_secs());
+    let (sig, handover) = loop {
+        let sig = wait_signal(&sigset);
+        if sig != libc::SIGUSR2 {
+            break (sig, false);
+        }
+        match upgrade::hand_over(&listeners) {
+            Ok(()) => break (sig, true),
+            Err(e) => crate::error!("upgrade failed, still serving: {e}"),
+        }
+    };
+    crate::info!(
+        "signal {sig}: draining (grace {}s){}",
+        cfg.shutdown_grace.as_secs(),
+        if handover { ", handing over to the successor" } else { "" }
+    );
     systemd::notify("STOPPING=1");
     for tx in &inboxes {
-        let _ = tx.try_send(ShardMsg::Drain);
+        let _ = tx.try_send(ShardMsg::Drain { handover });
     }
     for t in threads {
         let _ = t.join();

@@ -267,7 +267,10 @@ async fn read_head(shard: &Shard, client: &mut Client) -> HeadRead {
                 Err(e) => return HeadRead::Reject(e),
             }
         }
-        if client.buf.is_empty() && shard.is_draining() {
+        // A drain closes idle connections, except a handover to a successor: the client may
+        // be sending its next request right now, so it is read and answered (with
+        // `connection: close`) instead of finding the connection closed under it.
+        if client.buf.is_empty() && shard.is_draining() && !shard.hands_over() {
             return HeadRead::Closed;
         }
         // Idle keep-alive wait before the first byte; slow-client deadline after it.
