@@ -171,6 +171,28 @@ fn prometheus_scrapes_counts_that_add_up() {
         let durations = prom.scalar(r#"sum(smg_http_request_duration_seconds_count{path="/v1/chat/completions"})"#);
         assert_eq!(durations, Some(150.0));
         assert_eq!(prom.scalar(r#"sum(smg_worker_health{worker=~".+"})"#), Some(1.0));
+        // The Grafana dashboard in tuning/ queries only series the gateway exports, and
+        // every one of its queries is valid PromQL.
+        let dash: sonic_rs::Value = sonic_rs::from_str(
+            &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tuning/grafana-dashboard.json")).unwrap(),
+        )
+        .unwrap();
+        let exposition = scrape(mport);
+        for panel in dash["panels"].as_array().unwrap().iter() {
+            for t in panel["targets"].as_array().unwrap().iter() {
+                let expr = t["expr"].as_str().unwrap();
+                prom.query(expr);
+                let name = expr
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .find(|w| w.starts_with("smg_"))
+                    .unwrap();
+                let family = name.trim_end_matches("_bucket");
+                assert!(
+                    exposition.contains(&format!("# TYPE {family} ")),
+                    "dashboard queries {name}, which is not exported"
+                );
+            }
+        }
     });
 }
 
