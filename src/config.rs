@@ -199,6 +199,13 @@ pub struct LaunchArgs {
     /// 0.001 to 7200).
     #[arg(long, num_args = 0.., value_name = "SECONDS")]
     pub prometheus_duration_buckets: Vec<f64>,
+    /// Export a span per request over OTLP/gRPC, continuing the caller's W3C traceparent and
+    /// passing the worker a traceparent naming the gateway's span.
+    #[arg(long)]
+    pub enable_trace: bool,
+    /// The OTLP/gRPC collector (host:port) --enable-trace exports to.
+    #[arg(long, default_value = "localhost:4317")]
+    pub otlp_traces_endpoint: String,
     /// Write the log (and the access log) to daily files DIR/smg.YYYY-MM-DD instead of stderr.
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<std::path::PathBuf>,
@@ -255,6 +262,8 @@ pub struct Config {
     /// None: metrics off (`--prometheus-port 0`).
     pub metrics: Option<MetricsConfig>,
     pub log_dir: Option<std::path::PathBuf>,
+    /// The OTLP collector, with --enable-trace.
+    pub trace_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -424,6 +433,10 @@ impl LaunchArgs {
             admission: self.admission_config()?,
             metrics: self.metrics_config()?,
             log_dir: self.log_dir.clone(),
+            trace_endpoint: self.enable_trace.then(|| {
+                let e = self.otlp_traces_endpoint.trim();
+                e.strip_prefix("http://").unwrap_or(e).trim_end_matches('/').to_string()
+            }),
         })
     }
 }

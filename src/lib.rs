@@ -22,4 +22,5 @@ pub mod routing;
 pub mod runtime;
 pub mod serve;
 pub mod shard;
+pub mod trace;
 pub mod workers;

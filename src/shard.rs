@@ -16,6 +16,7 @@ use crate::http::date::{DateCache, LEN as DATE_LEN};
 use crate::http::pool::{Pool, UpstreamConn};
 use crate::metrics::{Finished, ShardMetrics, ShardReport};
 use crate::routing::{Candidate, Digest, RouteError, RouteInput, ShardRouter};
+use crate::trace::{ShardTraces, SpanRecord};
 use crate::workers::health::WorkerEvent;
 use crate::workers::{Registry, Snapshot, WorkerId};
 
@@ -124,6 +125,7 @@ pub struct Shard {
     metrics: Option<ShardMetrics>,
     access: AccessLog,
     heartbeats: Heartbeats,
+    traces: Option<ShardTraces>,
 }
 
 /// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
@@ -135,6 +137,8 @@ pub struct Peers {
     /// The access log writer (None: access log off).
     pub access_log: Option<flume::Sender<Vec<u8>>>,
     pub heartbeats: Heartbeats,
+    /// The trace exporter (None: tracing off).
+    pub traces: Option<flume::Sender<Vec<SpanRecord>>>,
 }
 
 // === impl Shard ===
@@ -173,6 +177,7 @@ impl Shard {
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
             heartbeats: peers.heartbeats,
+            traces: peers.traces.map(ShardTraces::new),
             cfg,
         }
     }
@@ -181,7 +186,17 @@ impl Shard {
 
     /// Anything to count or log at `finish`.
     pub fn accounting(&self) -> bool {
-        self.metrics.is_some() || self.access.enabled()
+        self.metrics.is_some() || self.access.enabled() || self.traces.is_some()
+    }
+
+    pub fn tracing(&self) -> bool {
+        self.traces.is_some()
+    }
+
+    pub fn record_span(&self, s: SpanRecord) {
+        if let Some(t) = &self.traces {
+            t.record(s);
+        }
     }
 
     pub fn record(&self, f: &Finished<'_>) {
@@ -407,6 +422,9 @@ impl Shard {
         self.gossip();
         let dropped = self.access.flush();
         self.count_dropped(dropped);
+        if let Some(t) = &self.traces {
+            t.flush();
+        }
         if let Some(p) = &self.permits {
             p.borrow_mut().refill();
         }

@@ -146,6 +146,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     // Sockets from a predecessor (binary upgrade) or from systemd, else our own.
     let (inherited, upgrade_ready) = upgrade::inherited();
     let activated = if inherited.is_empty() { systemd::listen_fds() } else { inherited };
+    let traces = cfg.trace_endpoint.clone().map(crate::trace::exporter::start);
     let heartbeats = Heartbeats::new(cfg.cores);
     let mut threads = Vec::new();
     for (index, (rx, permit_rx)) in receivers.into_iter().zip(permit_rxs).enumerate() {
@@ -156,6 +157,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             permits: permit_txs.iter().enumerate().filter(|(i, _)| others(i)).map(|(i, tx)| (i, tx.clone())).collect(),
             access_log: access_log.clone(),
             heartbeats: heartbeats.clone(),
+            traces: traces.clone(),
         };
         let shard_cfg = ShardStart {
             index,

@@ -11,6 +11,7 @@ use crate::admission::Permit;
 use crate::api::Route;
 use crate::http::head::RequestHead;
 use crate::shard::{InflightGuard, LoadGuard, LocalSnapshot, Shard};
+use crate::trace::SpanIds;
 use crate::workers::Worker;
 
 /// The worker a request was sent to, with the Snapshot it was picked from.
@@ -66,6 +67,8 @@ pub struct RequestCtx {
     pub streaming: bool,
     /// The admission decision, when the limit is on.
     pub admitted: Option<bool>,
+    /// With `--enable-trace`: this request's span, and when it started on the wall clock.
+    pub span: Option<(SpanIds, std::time::SystemTime)>,
     /// The client asked to close (`Connection: close`, HTTP/1.0 without keep-alive), or the
     /// shard is draining. Read by `finish`, which alone decides keep-alive.
     pub close: bool,
@@ -82,6 +85,10 @@ impl RequestCtx {
         ctx.request_id = request_id(shard, Some((head, buf)), route.id_prefix());
         ctx.route = Some(route);
         ctx.body_unread = !matches!(head.body, crate::http::head::BodyKind::Empty);
+        if shard.tracing() {
+            let ids = SpanIds::new(head.header(buf, "traceparent"), || shard.next_random());
+            ctx.span = Some((ids, std::time::SystemTime::now()));
+        }
         ctx
     }
 
@@ -108,6 +115,7 @@ impl RequestCtx {
             error_code: "",
             streaming: false,
             admitted: None,
+            span: None,
             close: close || shard.is_draining(),
             http10,
             body_unread: false,

@@ -19,6 +19,7 @@ use crate::http::respond::Stamp;
 use crate::io::{read_more, read_more_within, shutdown_write, write_all, Timed};
 use crate::metrics::{self, Finished, Routed};
 use crate::shard::Shard;
+use crate::trace::SpanRecord;
 
 /// Read buffer of a client connection; it grows for large bodies and is shrunk back after.
 pub const READ_BUF: usize = 8 * 1024;
@@ -181,6 +182,18 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
         worker_error: (ctx.chosen.is_some() && ctx.status >= 500).then(|| metrics::error_type(ctx.status)),
     });
     // The buffer may be gone (a body read that timed out takes it with the cancelled read).
+    if let Some((ids, start)) = ctx.span {
+        shard.record_span(SpanRecord {
+            ids,
+            name: format!("{method} {path}"),
+            start,
+            duration: now.saturating_duration_since(started),
+            status: ctx.status,
+            request_id: String::from_utf8_lossy(&ctx.request_id).into_owned(),
+            worker: ctx.chosen.as_ref().map(|c| c.worker().url.url.clone()).unwrap_or_default(),
+            model: ctx.model.clone().unwrap_or_default(),
+        });
+    }
     let raw_path = head.and_then(|h| client.buf.get(h.path.clone())).unwrap_or(b"");
     shard.access_line(&Entry {
         request_id: &ctx.request_id,

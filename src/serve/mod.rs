@@ -225,7 +225,8 @@ async fn forward(
         let worker = ctx.chosen.as_ref().expect("picked").worker();
         let id = worker.id;
         up_head.clear();
-        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, body.bytes(&client.buf).len());
+        let span = ctx.span.as_ref().map(|(ids, _)| ids);
+        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, body.bytes(&client.buf).len(), span);
         match attempt(shard, client, ctx, &mut up_head, body, fresh, &mut watch).await {
             Ok(answered) => return relay_response(shard, client, head, ctx, answered, up_head, watch).await,
             Err(AttemptError::Failed(Failure::Worker(e))) if e.stale_socket() && !fresh => {

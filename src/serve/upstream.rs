@@ -19,6 +19,7 @@ use crate::http::respond::Stamp;
 use crate::http::response_head::{read_response_head, HeadError, ResponseHead};
 use crate::io::{is_resource_exhaustion, Writev2};
 use crate::shard::Shard;
+use crate::trace::SpanIds;
 
 /// A worker's answer: the connection, with the response head at the start of its buffer.
 pub struct Answered {
@@ -39,8 +40,16 @@ impl From<WorkerError> for AttemptError {
 }
 
 /// The request head a worker gets: the client's target, our Host and framing, and the
-/// client headers the contract forwards.
-pub fn upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], authority: &str, body_len: usize) {
+/// client headers the contract forwards; with tracing, our span replaces the caller's
+/// `traceparent`.
+pub fn upstream_head(
+    out: &mut Vec<u8>,
+    head: &RequestHead,
+    buf: &[u8],
+    authority: &str,
+    body_len: usize,
+    span: Option<&SpanIds>,
+) {
     out.extend_from_slice(b"POST ");
     out.extend_from_slice(&buf[head.target.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
@@ -49,9 +58,17 @@ pub fn upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], authorit
     put_dec(out, body_len as u64);
     out.extend_from_slice(b"\r\n");
     for h in &head.forward {
+        if span.is_some() && buf[h.name.clone()].eq_ignore_ascii_case(b"traceparent") {
+            continue;
+        }
         out.extend_from_slice(&buf[h.name.clone()]);
         out.extend_from_slice(b": ");
         out.extend_from_slice(&buf[h.value.clone()]);
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(s) = span {
+        out.extend_from_slice(b"traceparent: ");
+        s.write_traceparent(out);
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
