@@ -223,6 +223,7 @@ impl Shard {
             counts: self.metrics.as_ref().map(|m| m.snapshot()).unwrap_or_default(),
             inflight: self.inflight.get(),
             worker_loads: self.loads.borrow().own.clone(),
+            router: self.router.borrow().stats(),
         }
     }
 

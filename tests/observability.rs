@@ -160,6 +160,8 @@ fn prometheus_scrapes_counts_that_add_up() {
             (r#"smg_router_requests_total{endpoint="chat",model="m",streaming="false"}"#, 120.0),
             (r#"smg_router_upstream_responses_total{status_code="500"}"#, 10.0),
             (r#"smg_worker_errors_total{error_type="backend_error"}"#, 10.0),
+            // Every routed request is one cache_aware decision (the default policy).
+            ("smg_cache_aware_decisions_total", 130.0),
         ];
         let mut last = Vec::new();
         let settled = wait_until(patience(Duration::from_secs(30)), || {
@@ -171,6 +173,7 @@ fn prometheus_scrapes_counts_that_add_up() {
         let durations = prom.scalar(r#"sum(smg_http_request_duration_seconds_count{path="/v1/chat/completions"})"#);
         assert_eq!(durations, Some(150.0));
         assert_eq!(prom.scalar(r#"sum(smg_worker_health{worker=~".+"})"#), Some(1.0));
+        assert!(prom.scalar(r#"sum(smg_cache_aware_tree_chars{tree="text"})"#).unwrap_or(0.0) > 0.0);
         // The Grafana dashboard in tuning/ queries only series the gateway exports, and
         // every one of its queries is valid PromQL.
         let dash: sonic_rs::Value = sonic_rs::from_str(

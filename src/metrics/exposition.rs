@@ -13,6 +13,8 @@ pub struct Gauges<'a> {
     pub inflight: usize,
     /// In-flight requests per worker id, all shards.
     pub worker_loads: &'a [usize],
+    /// Each shard's routing state.
+    pub routers: &'a [crate::routing::RouterStats],
 }
 
 fn escape(v: &str) -> String {
@@ -60,6 +62,18 @@ fn histogram(out: &mut String, name: &str, pairs: &[(&str, &str)], bounds: &[f64
     let _ = writeln!(out, "{name}_bucket{} {}", labels(&p), h.count);
     let _ = writeln!(out, "{name}_sum{} {}", labels(pairs), h.sum_secs);
     let _ = writeln!(out, "{name}_count{} {}", labels(pairs), h.count);
+}
+
+/// `name{tree="text"}` and `name{tree="tokens"}`, summed over shards.
+fn family_values(
+    out: &mut String,
+    name: &str,
+    routers: &[crate::routing::RouterStats],
+    pick: impl Fn(&crate::routing::RouterStats) -> (usize, usize),
+) {
+    let (text, tokens) = routers.iter().map(pick).fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+    let _ = writeln!(out, "{name}{{tree=\"text\"}} {text}");
+    let _ = writeln!(out, "{name}{{tree=\"tokens\"}} {tokens}");
 }
 
 const ROUTER: [(&str, &str); 3] = [("router_type", "http"), ("backend_type", "regular"), ("connection_mode", "http")];
@@ -225,6 +239,31 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     }
     family(
         &mut out,
+        "smg_cache_aware_tree_chars",
+        "gauge",
+        "Characters or token ids held by the cache-aware trees, all shards",
+    );
+    family_values(&mut out, "smg_cache_aware_tree_chars", g.routers, |r| (r.text_tree.chars, r.token_tree.chars));
+    family(
+        &mut out,
+        "smg_cache_aware_tree_bytes",
+        "gauge",
+        "Estimated heap bytes of the cache-aware trees, all shards",
+    );
+    family_values(&mut out, "smg_cache_aware_tree_bytes", g.routers, |r| {
+        (r.text_tree.heap_bytes, r.token_tree.heap_bytes)
+    });
+    family(
+        &mut out,
+        "smg_cache_aware_decisions_total",
+        "counter",
+        "cache_aware decisions by result (hit = sent to a worker holding the prefix)",
+    );
+    let (hits, misses) = g.routers.iter().fold((0, 0), |(h, m), r| (h + r.cache_hits, m + r.cache_misses));
+    let _ = writeln!(out, "smg_cache_aware_decisions_total{{result=\"hit\"}} {hits}");
+    let _ = writeln!(out, "smg_cache_aware_decisions_total{{result=\"miss\"}} {misses}");
+    family(
+        &mut out,
         "smg_access_log_dropped_total",
         "counter",
         "Access log lines dropped because the log writer fell behind",
@@ -262,7 +301,7 @@ mod tests {
             worker_error: None,
         });
         let snap = Snapshot::default();
-        let g = Gauges { snapshot: &snap, inflight: 2, worker_loads: &[] };
+        let g = Gauges { snapshot: &snap, inflight: 2, worker_loads: &[], routers: &[] };
         let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");
         for line in [
             "smg_http_requests_total{method=\"POST\",path=\"/v1/chat/completions\"} 1",

@@ -28,9 +28,11 @@ impl Scraper {
         let mut counts = Counts::default();
         let mut inflight = 0;
         let mut loads: Vec<usize> = Vec::new();
+        let mut routers = Vec::new();
         for _ in 0..asked {
             let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
             counts.merge(&r.counts);
+            routers.push(r.router);
             inflight += r.inflight;
             if loads.len() < r.worker_loads.len() {
                 loads.resize(r.worker_loads.len(), 0);
@@ -40,7 +42,7 @@ impl Scraper {
             }
         }
         let snap = self.registry.load();
-        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads };
+        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads, routers: &routers };
         render(&counts, &g, &self.bounds, &self.policy)
     }
 }

@@ -293,6 +293,8 @@ pub struct ShardReport {
     pub inflight: usize,
     /// This shard's in-flight requests per worker id.
     pub worker_loads: Vec<usize>,
+    /// This shard's routing state: tree sizes, cache-aware hits.
+    pub router: crate::routing::RouterStats,
 }
 
 #[cfg(test)]

@@ -126,6 +126,10 @@ pub(crate) struct CacheAware {
     /// Whether peers exist to send digests to.
     share: bool,
     pub(crate) digest_dropped: u64,
+    /// Decisions that went to a worker holding the prefix (match above --cache-threshold),
+    /// and the rest: the routing-side cache hit ratio.
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
 }
 
 /// The tree root of a (model, namespace): requests in different namespaces never share a prefix.
@@ -144,6 +148,8 @@ impl CacheAware {
             outbox_bytes: 0,
             share,
             digest_dropped: 0,
+            hits: 0,
+            misses: 0,
         }
     }
 
@@ -168,12 +174,14 @@ impl CacheAware {
         let root = root_key(input.model, input.namespace);
         match Self::key(input) {
             Some(Key::Text(k)) => {
-                let i = decide(&mut self.text, root, k, cfg, view, cands, tie_bytes);
+                let (i, hit) = decide(&mut self.text, root, k, cfg, view, cands, tie_bytes);
+                self.count(hit);
                 self.record_after_match(root, Key::Text(k), view.slot_of[i], slots);
                 i
             }
             Some(Key::Tokens(k)) => {
-                let i = decide(&mut self.tokens, root, k, cfg, view, cands, tie_tokens);
+                let (i, hit) = decide(&mut self.tokens, root, k, cfg, view, cands, tie_tokens);
+                self.count(hit);
                 self.record_after_match(root, Key::Tokens(k), view.slot_of[i], slots);
                 i
             }
@@ -264,6 +272,14 @@ impl CacheAware {
         self.tokens.evict_to(budget);
     }
 
+    fn count(&mut self, hit: bool) {
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+    }
+
     pub(crate) fn stats(&self) -> (TreeStats, TreeStats) {
         (self.text.stats(), self.tokens.stats())
     }
@@ -278,7 +294,7 @@ fn tie_tokens(k: &[u32]) -> u64 {
 }
 
 /// The cache-aware rule (module docs) over one tree; leaves the match in the tree's scratch
-/// for `insert_matched`.
+/// for `insert_matched`. Returns the pick and whether it went to a holder of the prefix.
 fn decide<T: Elem>(
     tree: &mut RadixTree<T>,
     root: u64,
@@ -287,7 +303,7 @@ fn decide<T: Elem>(
     view: &View,
     cands: &[Candidate<'_>],
     tie: fn(&[T]) -> u64,
-) -> usize {
+) -> (usize, bool) {
     let tie_key = || mix(root, tie(key));
     tree.match_prefix(root, key);
     let len = key.len() as f32;
@@ -307,9 +323,9 @@ fn decide<T: Elem>(
             continue;
         };
         if !over_gate(cands[i].load) {
-            return i;
+            return (i, true);
         }
         break;
     }
-    least_loaded_by_key(cands, &view.url_hash, tie_key, 0..cands.len()).unwrap_or(0)
+    (least_loaded_by_key(cands, &view.url_hash, tie_key, 0..cands.len()).unwrap_or(0), false)
 }

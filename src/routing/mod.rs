@@ -72,6 +72,9 @@ pub struct RouterStats {
     pub sticky_keys: usize,
     /// Cache-aware inserts not put in a digest because the outbox was full.
     pub digest_dropped: u64,
+    /// cache_aware decisions that went to a holder of the prefix, and the others.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 /// One shard's routing state. Not shared: each shard owns one and calls it from its own thread.
@@ -242,6 +245,8 @@ impl ShardRouter {
             manual_keys: self.manual.len(),
             sticky_keys: self.sticky.len(),
             digest_dropped: self.cache.digest_dropped,
+            cache_hits: self.cache.hits,
+            cache_misses: self.cache.misses,
         }
     }
 }
