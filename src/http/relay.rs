@@ -34,7 +34,7 @@ use smg_wire::chunked::ChunkedDecoder;
 use smg_wire::num::put_dec;
 
 use super::pool::{UpstreamConn, UPSTREAM_BUF};
-use super::respond::{reason, Stamp};
+use super::respond::{header_line, reason, Stamp};
 use super::response_head::{ResponseBody, ResponseHead, WATCH_AFTER};
 use crate::io::{dup_stream, peer_closed, read_more, write_all, write_range, Writev2};
 
@@ -194,10 +194,7 @@ fn client_head(
     }
     out.extend_from_slice(b"\r\n");
     for (n, v) in &h.relay {
-        out.extend_from_slice(&up[n.clone()]);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(&up[v.clone()]);
-        out.extend_from_slice(b"\r\n");
+        header_line(out, &up[n.clone()], &up[v.clone()]);
     }
     match (h.body, framing) {
         (ResponseBody::Length { len }, _) => {
@@ -214,10 +211,7 @@ fn client_head(
         _ => {}
     }
     for (name, value) in extra {
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
+        header_line(out, name.as_bytes(), value);
     }
     stamp.write(out);
     out.extend_from_slice(b"\r\n");

@@ -83,6 +83,14 @@ fn class_phrase(status: u16) -> &'static str {
     }
 }
 
+/// Appends `name: value\r\n`.
+pub fn header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// What the gateway puts on every response it sends a client, its own or a worker's.
 #[derive(Debug, Clone, Copy)]
 pub struct Stamp<'a> {
@@ -99,14 +107,10 @@ impl Stamp<'_> {
     /// Appends `date`, `x-request-id` and the connection header.
     pub fn write(&self, out: &mut Vec<u8>) {
         if !self.date.is_empty() {
-            out.extend_from_slice(b"date: ");
-            out.extend_from_slice(self.date);
-            out.extend_from_slice(b"\r\n");
+            header_line(out, b"date", self.date);
         }
         if !self.request_id.is_empty() {
-            out.extend_from_slice(b"x-request-id: ");
-            out.extend_from_slice(self.request_id);
-            out.extend_from_slice(b"\r\n");
+            header_line(out, b"x-request-id", self.request_id);
         }
         if self.close {
             out.extend_from_slice(b"connection: close\r\n");
@@ -145,10 +149,7 @@ pub fn write_simple(out: &mut Vec<u8>, resp: &Simple<'_>, head_only: bool, stamp
     put_dec(out, resp.body.len() as u64);
     out.extend_from_slice(b"\r\n");
     for (name, value) in resp.headers {
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
+        header_line(out, name.as_bytes(), value);
     }
     stamp.write(out);
     out.extend_from_slice(b"\r\n");

@@ -15,7 +15,7 @@ use crate::http::body::Body;
 use crate::http::head::RequestHead;
 use crate::http::pool::{self, UpstreamConn};
 use crate::http::relay::{relay, RelayEnd, RelayLimits, RelayStats};
-use crate::http::respond::Stamp;
+use crate::http::respond::{header_line, Stamp};
 use crate::http::response_head::{read_response_head, HeadError, ResponseHead};
 use crate::io::{is_resource_exhaustion, Writev2};
 use crate::shard::Shard;
@@ -61,10 +61,7 @@ pub fn upstream_head(
         if span.is_some() && buf[h.name.clone()].eq_ignore_ascii_case(b"traceparent") {
             continue;
         }
-        out.extend_from_slice(&buf[h.name.clone()]);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(&buf[h.value.clone()]);
-        out.extend_from_slice(b"\r\n");
+        header_line(out, &buf[h.name.clone()], &buf[h.value.clone()]);
     }
     if let Some(s) = span {
         out.extend_from_slice(b"traceparent: ");

@@ -5,56 +5,27 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::rogue::{connect_with, exchange};
-use super::{patience, read_response, try_get, Gateway, Response};
+use super::{launch_command, patience, read_response, Gateway, Response};
 
 /// [`Gateway::start`] with `env` set in the gateway's environment (and
 /// `CONTROL_PLANE_API_KEYS` removed unless `env` sets it). A gateway that exits at start
 /// fails the test at once with its stderr.
 pub fn start_env(legacy: bool, args: &[&str], env: &[(&str, &str)]) -> Gateway {
-    let port = super::free_port();
-    let log = std::env::temp_dir().join(format!("smg-test-{}-{port}.log", std::process::id()));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
-    cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
-    cmd.env_remove("CONTROL_PLANE_API_KEYS");
-    if legacy {
-        cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
-    } else {
-        cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
-    }
+    let (mut cmd, port) = launch_command(legacy, args);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
-    let mut gw = Gateway { port, child, log };
-    let until = Instant::now() + patience(Duration::from_secs(20));
-    loop {
-        if let Some(status) = gw.child.try_wait().unwrap() {
-            panic!("gateway {args:?} (env {env:?}) exited at start ({status}):\n{}", gw.log_text());
-        }
-        if try_get(port, "/liveness").is_ok_and(|r| r.status == 200) {
-            return gw;
-        }
-        assert!(Instant::now() < until, "gateway never answered /liveness; log:\n{}", gw.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    Gateway::spawn(cmd, port, &format!("{args:?} (env {env:?})"))
 }
 
 /// Launches the gateway with `args` (and `env`) and expects it to exit on its own within
 /// 10 s; returns its exit status and stderr. Panics (after killing it) if it keeps running.
 pub fn launch_outcome(legacy: bool, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
-    let port = super::free_port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
-    cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
-    cmd.env_remove("CONTROL_PLANE_API_KEYS");
-    if legacy {
-        cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
-    } else {
-        cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
-    }
+    let (mut cmd, _) = launch_command(legacy, args);
     for (k, v) in env {
         cmd.env(k, v);
     }

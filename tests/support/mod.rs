@@ -49,6 +49,21 @@ pub fn both_drivers(f: impl Fn(bool)) {
 
 // === Gateway ===
 
+/// `smg launch --host 127.0.0.1 --port <free port> ARGS` under one driver, without the
+/// environment variables tests set on purpose (`CONTROL_PLANE_API_KEYS`).
+pub fn launch_command(legacy: bool, args: &[&str]) -> (Command, u16) {
+    let port = free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
+    cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
+    cmd.env_remove("CONTROL_PLANE_API_KEYS");
+    if legacy {
+        cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
+    } else {
+        cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
+    }
+    (cmd, port)
+}
+
 pub struct Gateway {
     pub port: u16,
     pub child: Child,
@@ -64,15 +79,7 @@ impl Gateway {
     /// [`Gateway::start`] with the descriptor limit (soft and hard) set to `nofile`. A gateway
     /// that exits at start (a bad flag) fails the test at once with its stderr.
     pub fn start_with(legacy: bool, args: &[&str], nofile: Option<u64>) -> Gateway {
-        let port = free_port();
-        let log = std::env::temp_dir().join(format!("smg-test-{}-{port}.log", std::process::id()));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
-        cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
-        if legacy {
-            cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
-        } else {
-            cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
-        }
+        let (mut cmd, port) = launch_command(legacy, args);
         if let Some(n) = nofile {
             use std::os::unix::process::CommandExt;
             // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
@@ -86,12 +93,19 @@ impl Gateway {
                 });
             }
         }
+        Self::spawn(cmd, port, &format!("{args:?}"))
+    }
+
+    /// Spawns a launch command and waits for /liveness; a gateway that exits first fails the
+    /// test at once with its stderr.
+    pub fn spawn(mut cmd: Command, port: u16, what: &str) -> Gateway {
+        let log = std::env::temp_dir().join(format!("smg-test-{}-{port}.log", std::process::id()));
         let child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
         let mut gw = Gateway { port, child, log };
         let until = Instant::now() + patience(Duration::from_secs(20));
         loop {
             if let Some(status) = gw.child.try_wait().unwrap() {
-                panic!("gateway {args:?} exited at start ({status}):\n{}", gw.log_text());
+                panic!("gateway {what} exited at start ({status}):\n{}", gw.log_text());
             }
             if try_get(port, "/liveness").is_ok_and(|r| r.status == 200) {
                 return gw;
@@ -127,6 +141,11 @@ impl Gateway {
             assert!(Instant::now() < until, "{n} workers never came up; log:\n{}", self.log_text());
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Waits (bounded) for `needle` in the log: one thread writes it, after the fact.
+    pub fn log_has(&self, needle: &str) -> bool {
+        wait_until(patience(Duration::from_secs(5)), || self.log_text().contains(needle))
     }
 
     pub fn log_text(&self) -> String {
