@@ -224,6 +224,10 @@ impl Shard {
             inflight: self.inflight.get(),
             worker_loads: self.loads.borrow().own.clone(),
             router: self.router.borrow().stats(),
+            admission: self.permits.as_ref().map(|p| {
+                let p = p.borrow();
+                (p.queued(), p.free())
+            }),
         }
     }
 

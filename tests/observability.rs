@@ -121,7 +121,8 @@ fn prometheus_scrapes_counts_that_add_up() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let mport = free_port();
-        let gw = gateway(legacy, &w, mport, &[]);
+        let gw =
+            gateway(legacy, &w, mport, &["--max-concurrent-requests", "1000", "--rate-limit-tokens-per-second", "0"]);
         let prom = Prometheus::start(mport);
         // 120 answered by the worker, 30 for an unknown model, 20 for an unknown path, 10
         // worker errors relayed with their status.

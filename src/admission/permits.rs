@@ -201,6 +201,11 @@ impl Permits {
         self.free
     }
 
+    /// Requests waiting in this shard's queue now (metrics).
+    pub fn queued(&self) -> usize {
+        self.live_waiters()
+    }
+
     /// Gives one permit to this shard's oldest waiter, else the oldest debt, else the pool.
     fn place_permit(&mut self) {
         while let Some(w) = self.waiters.pop_front() {

@@ -15,6 +15,8 @@ pub struct Gauges<'a> {
     pub worker_loads: &'a [usize],
     /// Each shard's routing state.
     pub routers: &'a [crate::routing::RouterStats],
+    /// Admission, all shards: (queued, permits free); None when the limit is off.
+    pub admission: Option<(usize, usize)>,
 }
 
 fn escape(v: &str) -> String {
@@ -104,6 +106,13 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     family(&mut out, "smg_http_rate_limit_total", "counter", "Rate limiting decisions by result (allowed/rejected)");
     for (i, result) in ["allowed", "rejected"].iter().enumerate() {
         let _ = writeln!(out, "smg_http_rate_limit_total{} {}", labels(&[("result", result)]), c.rate_limit[i]);
+    }
+
+    if let Some((queued, free)) = g.admission {
+        family(&mut out, "smg_admission_queue_depth", "gauge", "Requests waiting for an admission permit");
+        let _ = writeln!(out, "smg_admission_queue_depth {queued}");
+        family(&mut out, "smg_admission_permits_free", "gauge", "Admission permits free (--max-concurrent-requests)");
+        let _ = writeln!(out, "smg_admission_permits_free {free}");
     }
 
     let mut router: Vec<(&str, &str, &RouterStats)> =
@@ -301,7 +310,7 @@ mod tests {
             worker_error: None,
         });
         let snap = Snapshot::default();
-        let g = Gauges { snapshot: &snap, inflight: 2, worker_loads: &[], routers: &[] };
+        let g = Gauges { snapshot: &snap, inflight: 2, worker_loads: &[], routers: &[], admission: Some((0, 8)) };
         let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");
         for line in [
             "smg_http_requests_total{method=\"POST\",path=\"/v1/chat/completions\"} 1",
@@ -313,6 +322,7 @@ mod tests {
             "smg_http_rate_limit_total{result=\"allowed\"} 1",
             "smg_router_requests_total{router_type=\"http\",backend_type=\"regular\",connection_mode=\"http\",model=\"m\\\"x\",endpoint=\"chat\",streaming=\"true\"} 1",
             "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"chat\"} 1",
+            "smg_admission_permits_free 8",
         ] {
             assert!(text.contains(line), "missing {line}\n{text}");
         }

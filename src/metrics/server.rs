@@ -29,10 +29,16 @@ impl Scraper {
         let mut inflight = 0;
         let mut loads: Vec<usize> = Vec::new();
         let mut routers = Vec::new();
+        let mut admission: Option<(usize, usize)> = None;
         for _ in 0..asked {
             let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
             counts.merge(&r.counts);
             routers.push(r.router);
+            if let Some((q, f)) = r.admission {
+                let a = admission.get_or_insert((0, 0));
+                a.0 += q;
+                a.1 += f;
+            }
             inflight += r.inflight;
             if loads.len() < r.worker_loads.len() {
                 loads.resize(r.worker_loads.len(), 0);
@@ -42,7 +48,7 @@ impl Scraper {
             }
         }
         let snap = self.registry.load();
-        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads, routers: &routers };
+        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads, routers: &routers, admission };
         render(&counts, &g, &self.bounds, &self.policy)
     }
 }

@@ -295,6 +295,8 @@ pub struct ShardReport {
     pub worker_loads: Vec<usize>,
     /// This shard's routing state: tree sizes, cache-aware hits.
     pub router: crate::routing::RouterStats,
+    /// Admission: (requests queued, permits free), when the limit is on.
+    pub admission: Option<(usize, usize)>,
 }
 
 #[cfg(test)]
