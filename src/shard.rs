@@ -274,7 +274,7 @@ impl Shard {
 
     /// The `Date` header value for this second.
     pub fn date(&self) -> [u8; DATE_LEN] {
-        self.date.now()
+        self.date.get()
     }
 
     // --- routing ---
@@ -424,6 +424,7 @@ impl Shard {
     /// second (`slow`), sweep idle pooled connections and age routing state.
     pub fn tick(&self, slow: bool) {
         self.heartbeats.beat(self.index);
+        self.date.refresh();
         self.gossip();
         let dropped = self.access.flush();
         self.count_dropped(dropped);

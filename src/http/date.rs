@@ -27,7 +27,9 @@ pub fn imf_fixdate(unix_secs: i64) -> [u8; LEN] {
     out
 }
 
-/// One connection-shard's current `Date` value, re-formatted when the second changes.
+/// One shard's current `Date` value. The shard's ticker refreshes it every 100 ms, so a
+/// response costs no clock read for it (nginx likewise caches its time per loop turn); the
+/// header may lag the second's turn by up to one tick.
 pub struct DateCache {
     secs: std::cell::Cell<i64>,
     text: std::cell::Cell<[u8; LEN]>,
@@ -41,14 +43,18 @@ impl Default for DateCache {
 }
 
 impl DateCache {
-    /// The value for this second. One clock read (vDSO) per call.
-    pub fn now(&self) -> [u8; LEN] {
+    /// The value as of the last refresh.
+    pub fn get(&self) -> [u8; LEN] {
+        self.text.get()
+    }
+
+    /// Re-reads the clock; re-formats when the second changed.
+    pub fn refresh(&self) {
         let now = civil::now_unix();
         if now != self.secs.get() {
             self.secs.set(now);
             self.text.set(imf_fixdate(now));
         }
-        self.text.get()
     }
 }
 

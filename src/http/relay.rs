@@ -56,6 +56,8 @@ pub struct RelayStats {
     pub bytes: u64,
     /// The response was close-delimited toward the client: the connection must close.
     pub close_delimited: bool,
+    /// Take `first_byte` (the caller wants it).
+    pub timed: bool,
 }
 
 /// How the relay ended.
@@ -271,7 +273,9 @@ pub async fn relay(
     if written.is_err() {
         return (RelayEnd::ClientGone, out);
     }
-    stats.first_byte = Some(Instant::now());
+    if stats.timed {
+        stats.first_byte = Some(Instant::now());
+    }
     let end = relay_rest(client, up, left, extra_bytes, watch, &limits, stats).await;
     let end = match end {
         RelayEnd::Done { reusable } => RelayEnd::Done { reusable: reusable && head.keep_alive },

@@ -33,12 +33,13 @@ impl Chosen {
 #[derive(Debug, Clone, Copy)]
 pub struct Timings {
     pub started: Instant,
-    /// The first upstream attempt began: `--request-timeout-secs` counts from here, so time
-    /// in the admission queue or spent receiving the body is not the worker's.
+    /// The worker was picked: `--request-timeout-secs` counts from here, so time in the
+    /// admission queue or spent receiving the body is not the worker's.
     pub upstream_started: Option<Instant>,
-    /// The worker's response head arrived.
+    /// The worker's response head arrived (taken when metrics, the access log or traces
+    /// are on).
     pub upstream_head: Option<Instant>,
-    /// The response's first bytes went to the client.
+    /// The response's first bytes went to the client (likewise).
     pub first_byte: Option<Instant>,
 }
 

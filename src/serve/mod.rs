@@ -118,16 +118,18 @@ fn authorize(
     route: Route,
 ) -> Result<(), Failure> {
     let auth = &shard.cfg().auth;
-    let authorization = head.header(&client.buf, "authorization");
+    // Looked up only when a key can matter: a header scan per request is not free.
+    let authorization = || head.header(&client.buf, "authorization");
     let deny = |v: Verdict| if v == Verdict::Forbidden { Failure::Forbidden } else { Failure::Unauthorized };
     if route.admin {
-        return match auth.check_admin(authorization) {
+        return match auth.check_admin(authorization()) {
             Verdict::Pass => Ok(()),
             v => Err(deny(v)),
         };
     }
     if let Action::Proxy(_) = route.action {
-        let tenant = match auth.check_serving(authorization).map_err(deny)? {
+        let presented = if auth.serving_enabled() { authorization() } else { None };
+        let tenant = match auth.check_serving(presented).map_err(deny)? {
             Some(key) => Tenant::Key(key),
             None => unauthenticated_tenant(auth.tenant_header().and_then(|h| head.header(&client.buf, h))),
         };

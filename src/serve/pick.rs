@@ -56,7 +56,11 @@ pub fn pick_worker(
         cookie: header("cookie"),
         rid: if cfg.routing_key_override { fields.as_ref().and_then(|f| f.rid.as_deref()) } else { None },
     };
-    match shard.pick(&input, &snap, positions, Instant::now()) {
+    // One clock read serves the router and the start of the upstream exchange
+    // (`--request-timeout-secs` counts from here: queue and body time are not the worker's).
+    let now = Instant::now();
+    ctx.timings.upstream_started = Some(now);
+    match shard.pick(&input, &snap, positions, now) {
         Ok(i) => {
             let pos = positions[i];
             let load = shard.hold_load(snap.workers[pos].id);

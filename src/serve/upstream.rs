@@ -83,7 +83,6 @@ pub async fn attempt(
     watch: &mut bool,
 ) -> Result<Answered, AttemptError> {
     ctx.attempts += 1;
-    ctx.timings.upstream_started.get_or_insert_with(Instant::now);
     let chosen = ctx.chosen.as_ref().expect("pick ran");
     let (id, addr) = (chosen.worker().id, chosen.worker().url.addr);
     let pooled = if fresh { None } else { shard.take_conn(id) };
@@ -133,7 +132,9 @@ pub async fn attempt(
     }
     match read_response_head(&mut conn, &client.stream, watch, shard.cfg().request_timeout).await {
         Ok(h) => {
-            ctx.timings.upstream_head = Some(Instant::now());
+            if shard.accounting() {
+                ctx.timings.upstream_head = Some(Instant::now());
+            }
             ctx.status = h.status;
             Ok(Answered { conn, head: h })
         }
@@ -166,7 +167,9 @@ pub async fn relay_response(
         read_idle: shard.cfg().upstream_read_timeout,
         deadline: ctx.timings.upstream_started.unwrap_or(ctx.timings.started) + shard.cfg().request_timeout,
     };
-    let mut stats = RelayStats::default();
+    // The first byte's time is taken only when something reads it (metrics, the access log,
+    // traces): a clock read per request is not free.
+    let mut stats = RelayStats { timed: shard.accounting(), ..RelayStats::default() };
     let (end, _) = relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
     match end {
         RelayEnd::Done { reusable: true } => shard.put_conn(worker.id, conn),
