@@ -125,6 +125,9 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(usize, RawFd), String>
 
 /// Runs the gateway until SIGTERM/SIGINT and the drain that follows. Err = start failed.
 pub fn run(cfg: Config) -> Result<(), String> {
+    // Sockets from a predecessor (binary upgrade): read, and their variables removed, before
+    // any thread exists (changing the environment is only safe then).
+    let (inherited, upgrade_ready) = upgrade::inherited();
     let sigset = block_signals();
     let cfg = Arc::new(cfg);
     let registry = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
@@ -143,8 +146,6 @@ pub fn run(cfg: Config) -> Result<(), String> {
     // up (SMG logs each request at info).
     let writer = crate::log::start_writer();
     let access_log = crate::log::enabled(crate::log::LogLevel::Info).then_some(writer);
-    // Sockets from a predecessor (binary upgrade) or from systemd, else our own.
-    let (inherited, upgrade_ready) = upgrade::inherited();
     let activated = if inherited.is_empty() { systemd::listen_fds() } else { inherited };
     let traces = cfg.trace_endpoint.clone().map(crate::trace::exporter::start);
     let heartbeats = Heartbeats::new(cfg.cores);
