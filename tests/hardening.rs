@@ -976,3 +976,29 @@ fn pooled_reuse_survives_per_request_faults() {
         assert!(settled, "{driver}, seed {seed0:#x}: descriptors: baseline {baseline}, still {now} after the run");
     });
 }
+
+/// A bug in one request (a debug-build fault hook panics after admission) ends that request
+/// with 500 internal_error; the permit it held, the other connections and the shard go on.
+#[test]
+fn a_panicking_request_costs_only_itself() {
+    let _serial = serial();
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let gw = gateway(
+            legacy,
+            &w.url(),
+            &["--cores", "1", "--max-concurrent-requests", "1", "--rate-limit-tokens-per-second", "0"],
+        );
+        let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        for _ in 0..3 {
+            let r = post(gw.port, "/v1/chat/completions", chat, &["X-SMG-Debug-Panic: 1"]);
+            assert_eq!(r.status, 500, "{}", r.text());
+            assert_eq!(r.header("x-smg-error-code"), Some("internal_error"));
+            // The one permit came back: the next request is admitted at once.
+            assert_eq!(post(gw.port, "/v1/chat/completions", chat, &[]).status, 200);
+        }
+        assert!(gw.log_has("panicked"), "the panic is logged");
+        let mut gw = gw;
+        assert!(gw.alive());
+    });
+}

@@ -61,6 +61,8 @@ impl WorkerError {
 pub enum InternalError {
     /// Out of descriptors (or socket memory) connecting to a worker: not the worker's fault.
     NoDescriptors(io::Error),
+    /// A bug: the request's phases panicked (see isolate.rs).
+    Panic,
 }
 
 #[derive(Debug)]
@@ -132,6 +134,7 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
         Failure::Internal(InternalError::NoDescriptors(e)) => {
             ApiError::internal("upstream_connect_no_descriptors", format!("Cannot open a connection to {worker}: {e}"))
         }
+        Failure::Internal(InternalError::Panic) => ApiError::internal("internal_error", "Internal error"),
         Failure::Rejected(e) => e.clone(),
         Failure::Invalid(_) | Failure::Unauthorized | Failure::Forbidden => return None,
     })
@@ -167,6 +170,7 @@ pub fn cause(f: &Failure) -> String {
     match f {
         Failure::Worker(w) => w.cause.to_string(),
         Failure::Internal(InternalError::NoDescriptors(e)) => format!("out of descriptors: {e}"),
+        Failure::Internal(InternalError::Panic) => "a bug: the request panicked".into(),
         other => format!("{other:?}"),
     }
 }

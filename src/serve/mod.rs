@@ -23,6 +23,7 @@ mod ctx;
 mod error;
 mod finish;
 mod inspect;
+mod isolate;
 mod pick;
 mod upstream;
 
@@ -41,12 +42,19 @@ use crate::io::{nodelay, peer_closed, read_more_within, send_deadline, sleep, Ti
 use crate::shard::{ConnectionSlot, Shard};
 use client::Client;
 use ctx::RequestCtx;
-use error::{ClientError, Failure};
+use error::{ClientError, Failure, InternalError};
 use finish::{finish, Next, Outcome, READ_BUF};
 use upstream::{attempt, relay_response, upstream_head, AttemptError};
 
-/// Serves one client connection until it closes.
+/// Serves one client connection until it closes; a panic outside a request's phases ends
+/// only this connection.
 pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
+    if let Err(msg) = isolate::CatchPanic(serve_connection(shard, stream, slot)).await {
+        crate::error!("connection task panicked: {msg}; connection closed");
+    }
+}
+
+async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     nodelay(&stream);
     send_deadline(&stream, shard.cfg().client_write_timeout);
     let mut client = Client { stream, buf: Vec::with_capacity(READ_BUF), next: 0, linger: false };
@@ -57,7 +65,14 @@ pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlo
                 client.next = head.len;
                 let route = api::classify(head.method, &client.buf[head.path.clone()]);
                 let mut ctx = RequestCtx::new(&shard, &head, &client.buf, route);
-                let outcome = request(&shard, &mut client, &head, &mut ctx, route).await;
+                let outcome = match isolate::CatchPanic(request(&shard, &mut client, &head, &mut ctx, route)).await {
+                    Ok(o) => o,
+                    Err(msg) => {
+                        crate::error!("request {}: panicked: {msg}", ctx.id_str());
+                        ctx.close = true;
+                        Outcome::Failed(Failure::Internal(InternalError::Panic))
+                    }
+                };
                 finish(&shard, &mut client, Some(&head), ctx, outcome).await
             }
             HeadRead::Reject(e) => {
@@ -95,6 +110,11 @@ async fn request(
     };
     if let Err(o) = admit(shard, client, ctx).await {
         return o;
+    }
+    // A fault hook for the panic-isolation test, with a permit held; not in release builds.
+    #[cfg(debug_assertions)]
+    if head.header(&client.buf, "x-smg-debug-panic").is_some() {
+        panic!("deliberate panic (debug builds only)");
     }
     let body = match body(shard, client, head, ctx).await {
         Ok(b) => b,
