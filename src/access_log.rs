@@ -26,6 +26,8 @@ pub struct Entry<'a> {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub duration_us: u64,
+    /// Until the worker's response head arrived.
+    pub upstream_us: Option<u64>,
     pub ttfb_us: Option<u64>,
     pub retries: u8,
 }
@@ -143,10 +145,12 @@ fn text_line(out: &mut Vec<u8>, e: &Entry<'_>) {
     }
     out.extend_from_slice(b" duration_us=");
     put_dec(out, e.duration_us);
-    out.extend_from_slice(b" ttfb_us=");
-    match e.ttfb_us {
-        Some(t) => put_dec(out, t),
-        None => out.push(b'-'),
+    for (k, v) in [(&b" upstream_us="[..], e.upstream_us), (b" ttfb_us=", e.ttfb_us)] {
+        out.extend_from_slice(k);
+        match v {
+            Some(t) => put_dec(out, t),
+            None => out.push(b'-'),
+        }
     }
     out.extend_from_slice(b" retries=");
     put_dec(out, e.retries as u64);
@@ -183,10 +187,12 @@ fn json_line(out: &mut Vec<u8>, e: &Entry<'_>) {
         out.extend_from_slice(b"\":");
         put_dec(out, v);
     }
-    out.extend_from_slice(b",\"ttfb_us\":");
-    match e.ttfb_us {
-        Some(t) => put_dec(out, t),
-        None => out.extend_from_slice(b"null"),
+    for (k, v) in [(&b",\"upstream_us\":"[..], e.upstream_us), (b",\"ttfb_us\":", e.ttfb_us)] {
+        out.extend_from_slice(k);
+        match v {
+            Some(t) => put_dec(out, t),
+            None => out.extend_from_slice(b"null"),
+        }
     }
     out.extend_from_slice(b"}\n");
 }
@@ -208,6 +214,7 @@ mod tests {
             bytes_in: 10,
             bytes_out: 20,
             duration_us: 1234,
+            upstream_us: Some(90),
             ttfb_us: Some(99),
             retries: 0,
         }
@@ -218,7 +225,7 @@ mod tests {
         let mut t = Vec::new();
         text_line(&mut t, &entry());
         let t = String::from_utf8(t).unwrap();
-        assert!(t.ends_with(" INFO  request request_id=chatcmpl-1 tenant=auth:red method=POST path=/v1/chat/completions model=m?x worker=http://127.0.0.1:1 error_code=- status=200 bytes_in=10 bytes_out=20 duration_us=1234 ttfb_us=99 retries=0\n"), "{t}");
+        assert!(t.ends_with(" INFO  request request_id=chatcmpl-1 tenant=auth:red method=POST path=/v1/chat/completions model=m?x worker=http://127.0.0.1:1 error_code=- status=200 bytes_in=10 bytes_out=20 duration_us=1234 upstream_us=90 ttfb_us=99 retries=0\n"), "{t}");
         assert_eq!(t.as_bytes()[4], b'-');
         let mut j = Vec::new();
         json_line(&mut j, &entry());

@@ -224,6 +224,7 @@ impl Shard {
             inflight: self.inflight.get(),
             worker_loads: self.loads.borrow().own.clone(),
             router: self.router.borrow().stats(),
+            spans_dropped: self.traces.as_ref().map_or(0, |t| t.dropped()),
             admission: self.permits.as_ref().map(|p| {
                 let p = p.borrow();
                 (p.queued(), p.free())

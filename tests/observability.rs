@@ -275,6 +275,8 @@ fn every_request_has_one_access_line() {
         assert!(ok["tenant"].as_str().unwrap().starts_with("auth:"));
         assert!(ok["bytes_in"].as_u64().unwrap() > 0 && ok["bytes_out"].as_u64().unwrap() > 0);
         assert!(ok["ttfb_us"].as_u64().is_some());
+        let (up, ttfb) = (ok["upstream_us"].as_u64().expect("upstream_us"), ok["ttfb_us"].as_u64().unwrap());
+        assert!(up <= ttfb, "the worker head ({up} us) comes before the first byte ({ttfb} us)");
         assert_eq!(ok["retries"].as_u64(), Some(0));
         assert_eq!(line(1)["status"].as_u64(), Some(401));
         assert_eq!(line(2)["status"].as_u64(), Some(503));

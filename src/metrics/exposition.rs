@@ -17,6 +17,8 @@ pub struct Gauges<'a> {
     pub routers: &'a [crate::routing::RouterStats],
     /// Admission, all shards: (queued, permits free); None when the limit is off.
     pub admission: Option<(usize, usize)>,
+    /// Trace spans dropped, all shards.
+    pub spans_dropped: u64,
 }
 
 fn escape(v: &str) -> String {
@@ -219,8 +221,9 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     let mut by_model: Vec<(&str, u64)> = Vec::new();
     for (model, _, s) in &router {
         match by_model.iter_mut().find(|(m, _)| m == model) {
-            Some((_, n)) => *n += s.selections,
-            None => by_model.push((model, s.selections)),
+            // Every routed request is one selection.
+            Some((_, n)) => *n += s.requests[0] + s.requests[1],
+            None => by_model.push((model, s.requests[0] + s.requests[1])),
         }
     }
     for (m, n) in by_model {
@@ -280,6 +283,13 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     let _ = writeln!(out, "smg_access_log_dropped_total {}", c.access_log_dropped);
     family(&mut out, "smg_log_lines_dropped_total", "counter", "Log lines dropped because the log writer fell behind");
     let _ = writeln!(out, "smg_log_lines_dropped_total {}", crate::log::dropped());
+    family(
+        &mut out,
+        "smg_trace_spans_dropped_total",
+        "counter",
+        "Trace spans dropped because the exporter fell behind",
+    );
+    let _ = writeln!(out, "smg_trace_spans_dropped_total {}", g.spans_dropped);
     out
 }
 
@@ -310,7 +320,14 @@ mod tests {
             worker_error: None,
         });
         let snap = Snapshot::default();
-        let g = Gauges { snapshot: &snap, inflight: 2, worker_loads: &[], routers: &[], admission: Some((0, 8)) };
+        let g = Gauges {
+            snapshot: &snap,
+            inflight: 2,
+            worker_loads: &[],
+            routers: &[],
+            admission: Some((0, 8)),
+            spans_dropped: 0,
+        };
         let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");
         for line in [
             "smg_http_requests_total{method=\"POST\",path=\"/v1/chat/completions\"} 1",

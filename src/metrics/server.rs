@@ -30,10 +30,12 @@ impl Scraper {
         let mut loads: Vec<usize> = Vec::new();
         let mut routers = Vec::new();
         let mut admission: Option<(usize, usize)> = None;
+        let mut spans_dropped = 0;
         for _ in 0..asked {
             let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
             counts.merge(&r.counts);
             routers.push(r.router);
+            spans_dropped += r.spans_dropped;
             if let Some((q, f)) = r.admission {
                 let a = admission.get_or_insert((0, 0));
                 a.0 += q;
@@ -48,7 +50,7 @@ impl Scraper {
             }
         }
         let snap = self.registry.load();
-        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads, routers: &routers, admission };
+        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads, routers: &routers, admission, spans_dropped };
         render(&counts, &g, &self.bounds, &self.policy)
     }
 }

@@ -134,7 +134,6 @@ pub struct RouterStats {
     /// Streaming requests: start → first bytes of the body at the client.
     pub ttft: Hist,
     pub errors: Small<Label, u64>,
-    pub selections: u64,
 }
 
 /// Everything one shard counted; merged at scrape.
@@ -177,7 +176,6 @@ impl Counts {
                 m.requests[1] += s.requests[1];
                 m.duration.merge(&s.duration);
                 m.ttft.merge(&s.ttft);
-                m.selections += s.selections;
                 for (t, n) in s.errors.iter() {
                     *m.errors.at(*t) += n;
                 }
@@ -263,7 +261,6 @@ impl ShardMetrics {
         }
         let s = c.router.at_name(r.model).at(r.endpoint);
         s.requests[usize::from(r.streaming)] += 1;
-        s.selections += 1;
         if (200..300).contains(&f.status) {
             s.duration.observe(&self.bounds, secs);
         } else if !matches!(f.status, 408 | 429 | 500 | 502 | 503 | 504) {
@@ -297,6 +294,8 @@ pub struct ShardReport {
     pub router: crate::routing::RouterStats,
     /// Admission: (requests queued, permits free), when the limit is on.
     pub admission: Option<(usize, usize)>,
+    /// Spans dropped because the trace exporter fell behind (tracing on).
+    pub spans_dropped: u64,
 }
 
 #[cfg(test)]

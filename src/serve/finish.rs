@@ -207,6 +207,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
         bytes_in: ctx.bytes_in,
         bytes_out: ctx.bytes_out,
         duration_us: now.saturating_duration_since(started).as_micros() as u64,
+        upstream_us: ctx.timings.upstream_head.map(|t| t.saturating_duration_since(started).as_micros() as u64),
         ttfb_us: first_byte.map(|d| d.as_micros() as u64),
         retries,
     });
