@@ -162,3 +162,49 @@ fn many_ports_many_threads() {
         }
     }
 }
+
+#[test]
+fn runtime_detection_surfaces() {
+    for legacy in DRIVERS {
+        let sim =
+            Sim::start(&["--ports", "0", "--worker", "0:vmodel:vllm", "--dp-size", "3", "--max-running", "12"], legacy);
+        let (p, v) = (sim.ports[0], sim.ports[1]);
+        // vLLM answers /version; SGLang does not, but has /server_info with its DP and batch sizes.
+        let ver = http(v, "GET", "/version", "").json();
+        assert!(ver["version"].as_str().is_some_and(|s| s.starts_with("0.")), "{ver:?}");
+        assert_eq!(http(p, "GET", "/version", "").status, 404);
+        assert_eq!(http(v, "GET", "/server_info", "").status, 404);
+        for path in ["/server_info", "/get_server_info"] {
+            let info = http(p, "GET", path, "").json();
+            assert_eq!(info["dp_size"].as_u64(), Some(3));
+            assert_eq!(info["max_running_requests"].as_u64(), Some(12));
+        }
+        assert_eq!(http(p, "GET", "/v1/models", "").json()["data"][0]["owned_by"].as_str(), Some("sglang"));
+        assert_eq!(http(v, "GET", "/v1/models", "").json()["data"][0]["owned_by"].as_str(), Some("vllm"));
+    }
+}
+
+#[test]
+fn data_parallel_rank_is_counted_per_rank() {
+    for legacy in DRIVERS {
+        let sim = Sim::start(&["--ports", "0", "--dp-size", "2"], legacy);
+        let p = sim.port();
+        for rank in [0, 1, 1] {
+            let body = chat_body(&format!(r#","data_parallel_rank":{rank}"#));
+            assert_eq!(http(p, "POST", "/v1/chat/completions", &body).status, 200);
+        }
+        let gen = r#"{"text":"abc","data_parallel_rank":1,"stream":true}"#;
+        assert_eq!(http(p, "POST", "/generate", gen).status, 200);
+        // No rank: served, but counted on no rank.
+        assert_eq!(http(p, "POST", "/v1/chat/completions", &chat_body("")).status, 200);
+        for bad in ["2", "-1"] {
+            let r = http(p, "POST", "/v1/chat/completions", &chat_body(&format!(r#","data_parallel_rank":{bad}"#)));
+            assert_eq!(r.status, 400, "rank {bad}");
+            assert!(r.json()["error"]["message"].as_str().unwrap().contains("data_parallel_rank"));
+        }
+        let st = http(p, "GET", "/sim/stats", "").json();
+        let ranks: Vec<u64> = st["dp_rank_requests"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(ranks, [1, 3]);
+        assert_eq!(st["inference_requests"].as_u64(), Some(5));
+    }
+}

@@ -119,6 +119,18 @@ pub struct SimArgs {
     /// /health answers 503 until POST /sim/control sets {"healthy": true}.
     #[arg(long)]
     pub start_unhealthy: bool,
+    /// /health alternates between 200 and 503 every this many ms, starting healthy (after any
+    /// --unhealthy-for-ms grace); 0 is off. A /sim/control "healthy" override wins.
+    #[arg(long, default_value_t = 0)]
+    pub flap_health_ms: u64,
+    /// Every response carries `Connection: close` and the worker closes the connection after it
+    /// (a server that never keeps connections alive).
+    #[arg(long)]
+    pub close_after_response: bool,
+    /// Data-parallel ranks the worker claims (`dp_size` in /server_info); requests may carry a
+    /// top-level "data_parallel_rank" in 0..N, counted per rank in /sim/stats.
+    #[arg(long, default_value_t = 1)]
+    pub dp_size: usize,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     pub max_body: usize,
@@ -146,6 +158,11 @@ pub struct FaultPlan {
     pub truncate_after_tokens: Option<u32>,
     pub die_after: Option<u64>,
     pub accept_delay_ms: u64,
+    /// Answer with `Connection: close` and close after every response.
+    pub close_after_response: bool,
+    /// Requests (running plus waiting) /v1/loads, /get_load and /load report instead of the real
+    /// figures; None reports the real ones. Run-time only (/sim/control "reported_load").
+    pub reported_load: Option<u64>,
 }
 
 /// Everything one simulated worker needs to start.
@@ -163,6 +180,8 @@ pub struct WorkerSpec {
     pub embedding_dim: usize,
     pub unhealthy_for_ms: u64,
     pub start_unhealthy: bool,
+    pub flap_health_ms: u64,
+    pub dp_size: usize,
     pub max_body: usize,
 }
 
@@ -194,6 +213,9 @@ impl SimArgs {
         if self.bytes_per_token == 0 || self.block_tokens == 0 {
             return Err("--bytes-per-token and --block-tokens must be at least 1".into());
         }
+        if self.dp_size == 0 {
+            return Err("--dp-size must be at least 1".into());
+        }
         let timing = Timing {
             ttft_us: ms_to_us(self.ttft_ms),
             itl_us: ms_to_us(self.itl_ms),
@@ -211,6 +233,8 @@ impl SimArgs {
             truncate_after_tokens: self.truncate_after_tokens,
             die_after: self.die_after,
             accept_delay_ms: self.accept_delay_ms,
+            close_after_response: self.close_after_response,
+            reported_load: None,
         };
         let mut specs = Vec::new();
         for (ports, model, runtime) in groups {
@@ -228,6 +252,8 @@ impl SimArgs {
                     embedding_dim: self.embedding_dim,
                     unhealthy_for_ms: self.unhealthy_for_ms,
                     start_unhealthy: self.start_unhealthy,
+                    flap_health_ms: self.flap_health_ms,
+                    dp_size: self.dp_size,
                     max_body: self.max_body,
                 });
             }
@@ -269,5 +295,18 @@ mod tests {
             ]
         );
         assert!(SimArgs::parse_from(["smg-sim", "--worker", "1:m:tgi"]).worker_specs().is_err());
+    }
+
+    #[test]
+    fn fault_flags_reach_the_spec() {
+        let args =
+            SimArgs::parse_from(["smg-sim", "--flap-health-ms", "250", "--close-after-response", "--dp-size", "4"]);
+        let s = &args.worker_specs().unwrap()[0];
+        assert_eq!((s.flap_health_ms, s.dp_size), (250, 4));
+        assert!(s.faults.close_after_response);
+        assert_eq!(s.faults.reported_load, None);
+        let s = &SimArgs::parse_from(["smg-sim"]).worker_specs().unwrap()[0];
+        assert_eq!((s.flap_health_ms, s.dp_size, s.faults.close_after_response), (0, 1, false));
+        assert!(SimArgs::parse_from(["smg-sim", "--dp-size", "0"]).worker_specs().is_err());
     }
 }

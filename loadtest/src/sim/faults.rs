@@ -1,6 +1,7 @@
 //! Fault injection: per request, draw which failure (if any) a worker plays, and answer health under fault settings.
 
 use std::cell::Cell;
+use std::time::Duration;
 
 use monoio::time::Instant;
 
@@ -36,33 +37,74 @@ pub fn draw(plan: &FaultPlan, rng: &Rng) -> Fault {
     }
 }
 
-/// Health as /health reports it: an explicit override from the control endpoint wins, else the start-up grace rule.
+/// Health as /health reports it: an explicit override from the control endpoint wins, else the
+/// start-up grace rule, else flapping (when on), else healthy.
+///
+/// Only /health reads this, so the clock reads cost nothing on the inference path.
 pub struct Health {
     started: Instant,
     unhealthy_for_ms: u64,
     forced: Cell<Option<bool>>,
+    /// Half-period of flapping in ms; 0 is off.
+    flap_ms: Cell<u64>,
+    /// When the flap phase was last (re)started: start-up, or the control knob changing it.
+    flap_since: Cell<Instant>,
 }
 
 // === impl Health ===
 
 impl Health {
-    pub fn new(unhealthy_for_ms: u64, start_unhealthy: bool) -> Self {
+    pub fn new(unhealthy_for_ms: u64, start_unhealthy: bool, flap_ms: u64) -> Self {
+        let now = Instant::now();
         Self {
-            started: Instant::now(),
+            started: now,
             unhealthy_for_ms,
             forced: Cell::new(if start_unhealthy { Some(false) } else { None }),
+            flap_ms: Cell::new(flap_ms),
+            flap_since: Cell::new(now),
         }
     }
 
     pub fn is_healthy(&self) -> bool {
-        match self.forced.get() {
-            Some(h) => h,
-            None => self.started.elapsed().as_millis() as u64 >= self.unhealthy_for_ms,
+        self.healthy_at(Instant::now())
+    }
+
+    fn healthy_at(&self, now: Instant) -> bool {
+        if let Some(h) = self.forced.get() {
+            return h;
         }
+        let grace_end = self.started + Duration::from_millis(self.unhealthy_for_ms);
+        if now < grace_end {
+            return false;
+        }
+        let flap = self.flap_ms.get();
+        if flap == 0 {
+            return true;
+        }
+        // Phases count from the end of the grace period (or the knob's last change), so the
+        // first phase is always the healthy one.
+        let since = self.flap_since.get().max(grace_end);
+        let phase = now.saturating_duration_since(since).as_millis() as u64 / flap;
+        phase.is_multiple_of(2)
     }
 
     pub fn force(&self, healthy: bool) {
         self.forced.set(Some(healthy));
+    }
+
+    /// Drops a forced state, so the grace and flap rules apply again.
+    pub fn unforce(&self) {
+        self.forced.set(None);
+    }
+
+    pub fn flap_ms(&self) -> u64 {
+        self.flap_ms.get()
+    }
+
+    /// Sets the flap half-period and restarts the phase now (healthy first); 0 turns flapping off.
+    pub fn set_flap(&self, ms: u64) {
+        self.flap_ms.set(ms);
+        self.flap_since.set(Instant::now());
     }
 }
 
@@ -79,6 +121,8 @@ mod tests {
             truncate_after_tokens: Some(3),
             die_after: None,
             accept_delay_ms: 0,
+            close_after_response: false,
+            reported_load: None,
         }
     }
 
@@ -103,15 +147,39 @@ mod tests {
 
     #[test]
     fn health_override_and_grace() {
-        let h = Health::new(0, false);
+        let h = Health::new(0, false, 0);
         assert!(h.is_healthy());
         h.force(false);
         assert!(!h.is_healthy());
-        let h = Health::new(60_000, false);
+        h.unforce();
+        assert!(h.is_healthy());
+        let h = Health::new(60_000, false, 0);
         assert!(!h.is_healthy());
-        let h = Health::new(0, true);
+        let h = Health::new(0, true, 0);
         assert!(!h.is_healthy());
         h.force(true);
         assert!(h.is_healthy());
+    }
+
+    #[test]
+    fn flapping_alternates_from_healthy() {
+        let ms = Duration::from_millis;
+        let h = Health::new(0, false, 100);
+        let t0 = h.started;
+        let got: Vec<bool> = [0, 99, 100, 199, 200, 350].iter().map(|&t| h.healthy_at(t0 + ms(t))).collect();
+        assert_eq!(got, [true, true, false, false, true, false]);
+        // An override wins over the flap.
+        h.force(true);
+        assert!(h.healthy_at(t0 + ms(150)));
+        h.unforce();
+        assert!(!h.healthy_at(t0 + ms(150)));
+        // With a grace period, flapping starts healthy when the grace ends.
+        let h = Health::new(1000, false, 100);
+        let t0 = h.started;
+        let got: Vec<bool> = [0, 999, 1000, 1099, 1100, 1200].iter().map(|&t| h.healthy_at(t0 + ms(t))).collect();
+        assert_eq!(got, [false, false, true, true, false, true]);
+        // Changing the period restarts the phase, healthy first; 0 turns flapping off.
+        h.set_flap(0);
+        assert!(h.healthy_at(t0 + ms(5000)));
     }
 }

@@ -106,7 +106,7 @@ async fn fill(stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> io::Result<usize> {
 /// Serves one connection until the peer leaves, an error occurs, or keep-alive ends.
 pub async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
-    let _guard = w.track(stream.as_raw_fd());
+    let guard = w.track(stream.as_raw_fd());
     let mut rbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut body: Vec<u8> = Vec::new();
     let mut s = Scratch::default();
@@ -200,10 +200,11 @@ pub async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
             }
         }
 
-        // 3. Dispatch.
+        // 3. Dispatch. --close-after-response answers as if the client had asked to close.
+        let keep_alive = head.keep_alive && !w.faults.get().close_after_response;
         let action = {
             let req_body: &[u8] = if from_rbuf { &rbuf[head_len..consumed] } else { &body };
-            routes::dispatch(&w, head.route, head.is_post, req_body, head.keep_alive, &mut s.out)
+            routes::dispatch(&w, head.route, head.is_post, req_body, keep_alive, &mut s.out)
         };
         rbuf.drain(..consumed);
         if rbuf.is_empty() && rbuf.capacity() > SHRINK_ABOVE {
@@ -219,7 +220,7 @@ pub async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                 Ok(()) => keep_alive,
                 Err(_) => false,
             },
-            Action::Generate(job) => engine::run(&w, job, &mut stream, &mut s, head.keep_alive).await.unwrap_or(false),
+            Action::Generate(job) => engine::run(&w, job, &mut stream, &mut s, keep_alive).await.unwrap_or(false),
             Action::Hang => {
                 // Swallow whatever the client sends until it gives up.
                 loop {
@@ -231,6 +232,11 @@ pub async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
                 }
             }
             Action::Close => false,
+            Action::Die => {
+                w.die_except(Some(guard.id()));
+                let _ = write_out(&mut stream, &mut s.out).await;
+                return;
+            }
         };
         if !keep || w.died.is_fired() {
             return;

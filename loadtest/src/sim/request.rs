@@ -25,17 +25,24 @@ pub struct GenRequest<'a> {
     pub include_usage: bool,
     pub max_tokens: Option<u64>,
     pub prompt: Cow<'a, str>,
+    /// Top-level "data_parallel_rank" (SGLang's DP routing field); null or absent is None.
+    /// Signed so that a negative rank reaches the range check and gets its 400 there.
+    pub dp_rank: Option<i64>,
 }
 
 /// Parses `body`; the error text goes into a 400 response.
 pub fn parse(api: Api, body: &[u8]) -> Result<GenRequest<'_>, String> {
-    let mut req = GenRequest { stream: false, include_usage: false, max_tokens: None, prompt: Cow::Borrowed("") };
+    let mut req =
+        GenRequest { stream: false, include_usage: false, max_tokens: None, prompt: Cow::Borrowed(""), dp_rank: None };
     let mut max_completion_tokens = None;
     let mut seen_any = false;
     for entry in sonic_rs::to_object_iter(body) {
         let (key, value) = entry.map_err(|e| format!("invalid JSON body: {e}"))?;
         seen_any = true;
         match (api, key.as_ref()) {
+            (_, "data_parallel_rank") if !value.is_null() => {
+                req.dp_rank = Some(value.as_i64().ok_or("data_parallel_rank must be an integer")?);
+            }
             (_, "stream") => req.stream = value.as_bool().unwrap_or(false),
             (_, "stream_options") => {
                 req.include_usage = sonic_rs::get(value.as_raw_str(), ["include_usage"])
@@ -95,6 +102,17 @@ mod tests {
         assert!(!r.stream);
         let r = parse(Api::Completions, br#"{"prompt":"p","max_tokens":2}"#).unwrap();
         assert_eq!(r.max_tokens, Some(2));
+    }
+
+    #[test]
+    fn data_parallel_rank() {
+        let r = parse(Api::Chat, br#"{"messages":[],"data_parallel_rank":3}"#).unwrap();
+        assert_eq!(r.dp_rank, Some(3));
+        assert_eq!(parse(Api::Generate, br#"{"text":"a","data_parallel_rank":-1}"#).unwrap().dp_rank, Some(-1));
+        assert_eq!(parse(Api::Chat, br#"{"data_parallel_rank":null}"#).unwrap().dp_rank, None);
+        assert_eq!(parse(Api::Chat, br#"{"messages":[]}"#).unwrap().dp_rank, None);
+        assert!(parse(Api::Chat, br#"{"data_parallel_rank":"0"}"#).is_err());
+        assert!(parse(Api::Chat, br#"{"data_parallel_rank":1.5}"#).is_err());
     }
 
     #[test]

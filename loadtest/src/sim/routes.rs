@@ -28,6 +28,8 @@ pub enum Route {
     GetLoad,
     /// vLLM `/load`.
     VllmLoad,
+    /// vLLM `/version`, which SGLang lacks: one way a gateway tells the engines apart.
+    Version,
     Infer(Api),
     FlushCache,
     SimControl,
@@ -55,6 +57,7 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
         "/flush_cache" if sglang => Route::FlushCache,
         "/reset_prefix_cache" if !sglang => Route::FlushCache,
         "/load" if !sglang => Route::VllmLoad,
+        "/version" if !sglang => Route::Version,
         _ => Route::NotFound,
     }
 }
@@ -85,9 +88,15 @@ pub enum Action {
     Hang,
     /// Close without answering (the worker is dead).
     Close,
+    /// A control request asked the worker to die: kill every other connection at once, then
+    /// write the reply in the output buffer and close.
+    Die,
 }
 
 const JSON: &str = "application/json";
+
+/// The vLLM release a vLLM worker claims at `/version`.
+pub const VLLM_VERSION: &str = "0.10.1";
 
 /// Answers one request. `out` receives any immediate response.
 pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive: bool, out: &mut Vec<u8>) -> Action {
@@ -110,16 +119,21 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
         Route::ServerInfo => reply(out, 200, JSON, &w.server_info_body),
         Route::Loads => reply(out, 200, JSON, loads_body(w).as_bytes()),
         Route::GetLoad => {
+            let (running, waiting) = w.reported_load();
             let body = format!(
-                "[{{\"dp_rank\":0,\"num_reqs\":{},\"num_waiting_reqs\":{},\"num_tokens\":{}}}]",
-                w.running() + w.waiting(),
-                w.waiting(),
+                "[{{\"dp_rank\":0,\"num_reqs\":{},\"num_waiting_reqs\":{waiting},\"num_tokens\":{}}}]",
+                running + waiting,
                 w.stats.used_tokens.get()
             );
             reply(out, 200, JSON, body.as_bytes())
         }
         Route::VllmLoad => {
-            let body = format!("{{\"server_load\":{}}}", w.running() + w.waiting());
+            let (running, waiting) = w.reported_load();
+            let body = format!("{{\"server_load\":{}}}", running + waiting);
+            reply(out, 200, JSON, body.as_bytes())
+        }
+        Route::Version => {
+            let body = format!("{{\"version\":\"{VLLM_VERSION}\"}}");
             reply(out, 200, JSON, body.as_bytes())
         }
         Route::FlushCache => {
@@ -128,7 +142,14 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
         }
         Route::SimStats => reply(out, 200, JSON, stats_body(w).as_bytes()),
         Route::SimControl if is_post => match apply_control(w, body) {
-            Ok(()) => reply(out, 200, JSON, stats_body(w).as_bytes()),
+            Ok(Control { die: false }) => reply(out, 200, JSON, stats_body(w).as_bytes()),
+            Ok(Control { die: true }) => {
+                // Fired now so the reply already says "dead" and the accept loop stops;
+                // the connection layer shuts the other connections before writing this.
+                w.died.fire();
+                put_response(out, 200, JSON, stats_body(w).as_bytes(), false, extra);
+                Action::Die
+            }
             Err(e) => error_reply(out, 400, &e, keep_alive, extra),
         },
         Route::Infer(api) if is_post => infer(w, api, body, keep_alive, out),
@@ -149,6 +170,16 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
         Ok(r) => r,
         Err(e) => return error_reply(out, 400, &e, keep_alive, &w.extra_headers),
     };
+    if let Some(rank) = req.dp_rank {
+        let ranks = &w.stats.dp_rank_requests;
+        match usize::try_from(rank).ok().and_then(|r| ranks.get(r)) {
+            Some(c) => bump(c, 1),
+            None => {
+                let msg = format!("data_parallel_rank {rank} out of range (dp_size {})", ranks.len());
+                return error_reply(out, 400, &msg, keep_alive, &w.extra_headers);
+            }
+        }
+    }
     let fault = faults::draw(&w.faults.get(), &w.rng);
     let truncate = match fault {
         Fault::Fail { status } => {
@@ -186,10 +217,10 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
     })
 }
 
-/// SGLang's `/v1/loads` schema, one DP rank.
+/// SGLang's `/v1/loads` schema, one DP rank (the simulated ranks share one batch). The request
+/// counts honour the "reported_load" override; token figures stay real.
 fn loads_body(w: &Worker) -> String {
-    let running = w.running();
-    let waiting = w.waiting();
+    let (running, waiting) = w.reported_load();
     let used = w.stats.used_tokens.get();
     let cache = w.cache.borrow();
     let max_tokens = cache.capacity_tokens().max(1);
@@ -214,7 +245,7 @@ pub fn stats_body(w: &Worker) -> String {
     let mut out = String::with_capacity(768);
     let _ = write!(
         out,
-        "{{\"port\":{},\"model\":{},\"runtime\":\"{}\",\"healthy\":{},\"dead\":{},\"requests\":{},\"inference_requests\":{},\"completed\":{},\"failed\":{},\"hung\":{},\"truncated\":{},\"running\":{},\"waiting\":{},\"prompt_tokens\":{},\"cached_tokens\":{},\"output_tokens\":{},\"cache_hit_rate\":{:.4},\"cache_used_tokens\":{},",
+        "{{\"port\":{},\"model\":{},\"runtime\":\"{}\",\"healthy\":{},\"dead\":{},\"requests\":{},\"inference_requests\":{},\"completed\":{},\"failed\":{},\"hung\":{},\"truncated\":{},\"running\":{},\"waiting\":{},\"prompt_tokens\":{},\"cached_tokens\":{},\"output_tokens\":{},\"cache_hit_rate\":{:.4},\"cache_used_tokens\":{},\"dp_rank_requests\":[",
         w.port,
         w.model_json,
         w.runtime.name(),
@@ -234,9 +265,12 @@ pub fn stats_body(w: &Worker) -> String {
         w.cache.borrow().hit_rate(),
         w.cache.borrow().used_tokens(),
     );
+    for (i, c) in s.dp_rank_requests.iter().enumerate() {
+        let _ = write!(out, "{}{}", if i == 0 { "" } else { "," }, c.get());
+    }
     let _ = write!(
         out,
-        "\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{}}}}}",
+        "],\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{},\"flap_health_ms\":{},\"close_after_response\":{},\"reported_load\":{},\"dp_size\":{}}}}}",
         t.ttft_us as f64 / 1000.0,
         t.itl_us as f64 / 1000.0,
         t.prefill_ns_per_token as f64 / 1000.0,
@@ -249,16 +283,29 @@ pub fn stats_body(w: &Worker) -> String {
         opt(f.truncate_after_tokens.map(u64::from)),
         opt(f.die_after),
         f.accept_delay_ms,
+        w.health.flap_ms(),
+        f.close_after_response,
+        opt(f.reported_load),
+        s.dp_rank_requests.len(),
     );
     out
 }
 
-/// Applies a /sim/control body. Unknown keys are an error so a typo does not silently do nothing.
-fn apply_control(w: &Worker, body: &[u8]) -> Result<(), String> {
+/// What a control body asks for beyond setting knobs.
+struct Control {
+    die: bool,
+}
+
+/// Applies a /sim/control body. Unknown keys are an error so a typo does not silently do nothing;
+/// nothing is applied unless the whole body is valid.
+fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
     let mut t = w.timing.get();
     let mut f = w.faults.get();
-    let mut healthy = None;
+    // Some(None) clears a forced health state.
+    let mut healthy: Option<Option<bool>> = None;
+    let mut flap = None;
     let mut flush = false;
+    let mut die = false;
     for entry in sonic_rs::to_object_iter(body) {
         let (key, v) = entry.map_err(|e| format!("invalid JSON body: {e}"))?;
         let num = || v.as_f64().ok_or_else(|| format!("{key} must be a number"));
@@ -270,7 +317,14 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<(), String> {
             }
         };
         match key.as_ref() {
-            "healthy" => healthy = Some(v.as_bool().ok_or("healthy must be a boolean")?),
+            "healthy" if v.is_null() => healthy = Some(None),
+            "healthy" => healthy = Some(Some(v.as_bool().ok_or("healthy must be a boolean or null")?)),
+            "flap_health_ms" => flap = Some(num()?.max(0.0) as u64),
+            "close_after_response" => {
+                f.close_after_response = v.as_bool().ok_or("close_after_response must be a boolean")?;
+            }
+            "reported_load" => f.reported_load = opt_u64()?,
+            "die" => die = v.as_bool().ok_or("die must be a boolean")?,
             "flush_cache" => flush = v.as_bool().unwrap_or(false),
             "ttft_ms" => t.ttft_us = ms_to_us(num()?),
             "itl_ms" => t.itl_us = ms_to_us(num()?),
@@ -287,20 +341,44 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<(), String> {
             other => return Err(format!("unknown control key {other:?}")),
         }
     }
-    if let Some(h) = healthy {
-        w.health.force(h);
+    match healthy {
+        Some(Some(h)) => w.health.force(h),
+        Some(None) => w.health.unforce(),
+        None => {}
+    }
+    if let Some(ms) = flap {
+        w.health.set_flap(ms);
     }
     if flush {
         w.cache.borrow_mut().flush();
     }
     w.timing.set(t);
     w.faults.set(f);
-    Ok(())
+    Ok(Control { die })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::config::SimArgs;
+    use clap::Parser;
+    use sonic_rs::JsonContainerTrait;
+    use std::rc::Rc;
+
+    fn worker(args: &[&str]) -> Rc<Worker> {
+        let args = SimArgs::parse_from(["smg-sim", "--ports", "1"].iter().chain(args));
+        Worker::new(&args.worker_specs().unwrap()[0], 1)
+    }
+
+    /// Dispatches one request and returns the status and body of the reply.
+    fn call(w: &Worker, route: Route, body: &str) -> (u16, sonic_rs::Value) {
+        let mut out = Vec::new();
+        let action = dispatch(w, route, true, body.as_bytes(), true, &mut out);
+        assert!(matches!(action, Action::Reply { .. } | Action::Die), "{action:?}");
+        let status = std::str::from_utf8(&out[9..12]).unwrap().parse().unwrap();
+        let start = out.windows(4).position(|x| x == b"\r\n\r\n").unwrap() + 4;
+        (status, sonic_rs::from_slice(&out[start..]).unwrap_or_default())
+    }
 
     #[test]
     fn runtime_specific_routes() {
@@ -310,5 +388,72 @@ mod tests {
         assert_eq!(resolve("/load", Runtime::Vllm), Route::VllmLoad);
         assert_eq!(resolve("/server_info", Runtime::Sglang), Route::ServerInfo);
         assert_eq!(resolve("/health", Runtime::Vllm), Route::Health);
+        assert_eq!(resolve("/version", Runtime::Vllm), Route::Version);
+        assert_eq!(resolve("/version", Runtime::Sglang), Route::NotFound);
+    }
+
+    #[test]
+    fn reported_load_overrides_request_counts() {
+        let w = worker(&["--max-running", "4"]);
+        let (_, st) = call(&w, Route::SimControl, r#"{"reported_load":10}"#);
+        assert_eq!(st["settings"]["reported_load"].as_u64(), Some(10));
+        let (_, l) = call(&w, Route::Loads, "");
+        let (r0, agg) = (&l["loads"][0], &l["aggregate"]);
+        assert_eq!(r0["num_running_reqs"].as_u64(), Some(4));
+        assert_eq!(r0["num_waiting_reqs"].as_u64(), Some(6));
+        assert_eq!(r0["num_total_reqs"].as_u64(), Some(10));
+        assert_eq!(r0["utilization"].as_f64(), Some(1.0));
+        assert_eq!(agg["total_reqs"].as_u64(), Some(10));
+        assert_eq!(call(&w, Route::GetLoad, "").1[0]["num_reqs"].as_u64(), Some(10));
+        call(&w, Route::SimControl, r#"{"reported_load":null}"#);
+        assert_eq!(call(&w, Route::Loads, "").1["loads"][0]["num_total_reqs"].as_u64(), Some(0));
+        assert_eq!(call(&w, Route::SimControl, r#"{"reported_load":-1}"#).0, 400);
+        let v = worker(&["--runtime", "vllm"]);
+        call(&v, Route::SimControl, r#"{"reported_load":7}"#);
+        assert_eq!(call(&v, Route::VllmLoad, "").1["server_load"].as_u64(), Some(7));
+        assert_eq!(call(&v, Route::Version, "").1["version"].as_str(), Some(VLLM_VERSION));
+    }
+
+    #[test]
+    fn dp_ranks_are_counted_and_checked() {
+        let w = worker(&["--dp-size", "2", "--max-running", "3"]);
+        let info = call(&w, Route::ServerInfo, "").1;
+        assert_eq!((info["dp_size"].as_u64(), info["max_running_requests"].as_u64()), (Some(2), Some(3)));
+        let chat = Route::Infer(Api::Embeddings);
+        for rank in ["0", "1", "1", "null"] {
+            let (status, _) = call(&w, chat, &format!(r#"{{"input":"x","data_parallel_rank":{rank}}}"#));
+            assert_eq!(status, 200);
+        }
+        for rank in ["2", "-1", "\"0\""] {
+            let (status, _) = call(&w, chat, &format!(r#"{{"input":"x","data_parallel_rank":{rank}}}"#));
+            assert_eq!(status, 400, "rank {rank}");
+        }
+        let st = call(&w, Route::SimStats, "").1;
+        let ranks: Vec<u64> = st["dp_rank_requests"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(ranks, [1, 2]);
+        assert_eq!(st["settings"]["dp_size"].as_u64(), Some(2));
+    }
+
+    #[test]
+    fn control_knobs_and_die() {
+        let w = worker(&[]);
+        let (_, st) = call(&w, Route::SimControl, r#"{"flap_health_ms":60000,"close_after_response":true}"#);
+        assert_eq!(st["settings"]["flap_health_ms"].as_u64(), Some(60000));
+        assert_eq!(st["settings"]["close_after_response"].as_bool(), Some(true));
+        assert!(w.health.is_healthy(), "flapping starts healthy");
+        call(&w, Route::SimControl, r#"{"healthy":false}"#);
+        assert!(!w.health.is_healthy());
+        call(&w, Route::SimControl, r#"{"healthy":null}"#);
+        assert!(w.health.is_healthy());
+        // A bad key leaves every knob as it was.
+        assert_eq!(call(&w, Route::SimControl, r#"{"close_after_response":false,"die":1}"#).0, 400);
+        assert!(w.faults.get().close_after_response);
+        let mut out = Vec::new();
+        let action = dispatch(&w, Route::SimControl, true, br#"{"die":true}"#, true, &mut out);
+        assert_eq!(action, Action::Die);
+        assert!(w.died.is_fired());
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("connection: close") && text.contains("\"dead\":true"), "{text}");
+        assert_eq!(dispatch(&w, Route::Health, false, b"", true, &mut out), Action::Close);
     }
 }

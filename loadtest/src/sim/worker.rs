@@ -26,6 +26,8 @@ pub struct Stats {
     pub output_tokens: Cell<u64>,
     /// Prompt plus output tokens of requests now holding a slot (SGLang's num_used_tokens).
     pub used_tokens: Cell<u64>,
+    /// Inference requests that named a "data_parallel_rank", per rank (length --dp-size).
+    pub dp_rank_requests: Vec<Cell<u64>>,
 }
 
 /// Adds `n` to a counter cell.
@@ -49,7 +51,7 @@ pub struct Worker {
     pub max_running: usize,
     pub cache: RefCell<PrefixCache>,
     pub rng: Rng,
-    /// Fired when --die-after is reached: the accept loop stops and connections close.
+    /// Fired when the worker dies (--die-after, or /sim/control "die"): the accept loop stops and connections close.
     pub died: Event,
     pub max_body: usize,
     /// Unix seconds at start, used as `created`.
@@ -86,7 +88,8 @@ impl Worker {
         )
         .into_bytes();
         let server_info_body = format!(
-            "{{\"model_path\":{m},\"tokenizer_path\":{m},\"served_model_name\":{m},\"port\":{port},\"tp_size\":1,\"dp_size\":1,\"max_running_requests\":{},\"max_total_num_tokens\":{},\"context_length\":32768,\"page_size\":{},\"version\":\"0.0.0-smg-sim\",\"internal_states\":[{{\"last_gen_throughput\":0.0}}]}}",
+            "{{\"model_path\":{m},\"tokenizer_path\":{m},\"served_model_name\":{m},\"port\":{port},\"tp_size\":1,\"dp_size\":{},\"max_running_requests\":{},\"max_total_num_tokens\":{},\"context_length\":32768,\"page_size\":{},\"version\":\"0.0.0-smg-sim\",\"internal_states\":[{{\"last_gen_throughput\":0.0}}]}}",
+            spec.dp_size,
             spec.max_running,
             cache.capacity_tokens(),
             spec.block_tokens
@@ -107,7 +110,7 @@ impl Worker {
             extra_headers: format!("x-sim-port: {port}\r\n").into_bytes(),
             timing: Cell::new(spec.timing),
             faults: Cell::new(spec.faults),
-            health: Health::new(spec.unhealthy_for_ms, spec.start_unhealthy),
+            health: Health::new(spec.unhealthy_for_ms, spec.start_unhealthy, spec.flap_health_ms),
             slots: Semaphore::new(spec.max_running),
             max_running: spec.max_running,
             cache: RefCell::new(cache),
@@ -116,7 +119,7 @@ impl Worker {
             max_body: spec.max_body,
             created,
             next_id: Cell::new(0),
-            stats: Stats::default(),
+            stats: Stats { dp_rank_requests: (0..spec.dp_size).map(|_| Cell::new(0)).collect(), ..Stats::default() },
             models_body,
             model_info_body,
             server_info_body,
@@ -134,6 +137,20 @@ impl Worker {
         self.slots.waiting()
     }
 
+    /// (running, waiting) as the load endpoints report them: the real figures, or the
+    /// "reported_load" override split as an engine holding that many requests would (slots
+    /// first, the rest queued).
+    pub fn reported_load(&self) -> (usize, usize) {
+        match self.faults.get().reported_load {
+            Some(n) => {
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                let running = n.min(self.max_running);
+                (running, n - running)
+            }
+            None => (self.running(), self.waiting()),
+        }
+    }
+
     pub fn next_id(&self) -> u64 {
         let id = self.next_id.get() + 1;
         self.next_id.set(id);
@@ -149,15 +166,30 @@ impl Worker {
     }
 
     /// Dies: the accept loop stops (the port closes) and every open connection is shut down.
+    ///
+    /// Connections in the middle of a stream are cut there: shutdown sends the peer FIN at once
+    /// (it sees a chunked body without its last chunk), and the task's next write fails, so the
+    /// stream is never finished. A task sleeping until its next token stops when it wakes.
     pub fn die(&self) {
+        self.die_except(None);
+    }
+
+    /// Dies but leaves connection `spare` open, so the /sim/control request that asked for the
+    /// death still gets its answer (its connection closes right after).
+    pub fn die_except(&self, spare: Option<u64>) {
         self.died.fire();
-        for (_, fd) in self.conns.borrow_mut().drain() {
+        let mut conns = self.conns.borrow_mut();
+        let kept = spare.and_then(|id| conns.remove(&id).map(|fd| (id, fd)));
+        for (_, fd) in conns.drain() {
             // SAFETY: the fd belongs to a live connection: a ConnGuard removes its entry before the
             // stream that owns the fd is dropped. shutdown(2) does not close the fd, so the owner
             // still closes it exactly once; it only makes pending reads return EOF and writes fail.
             unsafe {
                 libc::shutdown(fd, libc::SHUT_RDWR);
             }
+        }
+        if let Some((id, fd)) = kept {
+            conns.insert(id, fd);
         }
     }
 
@@ -190,6 +222,14 @@ impl Worker {
 pub struct ConnGuard {
     worker: Rc<Worker>,
     id: u64,
+}
+
+// === impl ConnGuard ===
+
+impl ConnGuard {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 impl Drop for ConnGuard {
