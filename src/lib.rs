@@ -18,6 +18,7 @@ pub mod demo;
 pub mod http;
 pub mod io;
 pub mod metrics;
+pub mod retry;
 pub mod routing;
 pub mod runtime;
 pub mod serve;

@@ -17,7 +17,8 @@ use crate::http::pool::{Pool, UpstreamConn};
 use crate::metrics::{Finished, ShardMetrics, ShardReport};
 use crate::routing::{Candidate, Digest, RouteError, RouteInput, ShardRouter};
 use crate::trace::{ShardTraces, SpanRecord};
-use crate::workers::health::WorkerEvent;
+use crate::workers::breaker::Verdict;
+use crate::workers::control::ControlMsg;
 use crate::workers::{Registry, Snapshot, WorkerId};
 
 /// Messages into a shard's bounded inbox: from the control thread, and cache-aware insert
@@ -118,7 +119,15 @@ pub struct Shard {
     handover: Cell<bool>,
     /// Cancels the pending accept when the drain starts.
     accept_cancel: RefCell<monoio::io::Canceller>,
-    events: flume::Sender<WorkerEvent>,
+    /// To the control thread: connect failures, outcomes and loads, admin requests.
+    control: flume::Sender<ControlMsg>,
+    /// Outcomes per worker since the last report (the breakers' input). Failures are sent
+    /// at once, so a breaker opens within one message; successes wait for the tick.
+    outcomes: RefCell<Vec<(WorkerId, Verdict)>>,
+    /// What the control thread last got of this shard's loads.
+    control_loads: RefCell<Arc<[usize]>>,
+    /// The Snapshot generation the pool was last pruned for.
+    pruned_for: Cell<u64>,
     /// This shard's share of the admission permits (None without `--max-concurrent-requests`).
     permits: Option<Rc<RefCell<Permits>>>,
     /// None with `--prometheus-port 0`.
@@ -148,7 +157,7 @@ impl Shard {
         index: usize,
         cfg: Arc<Config>,
         registry: Registry,
-        events: flume::Sender<WorkerEvent>,
+        control: flume::Sender<ControlMsg>,
         peers: Peers,
     ) -> Self {
         let mut cache = arc_swap::Cache::new(registry);
@@ -172,7 +181,10 @@ impl Shard {
             draining: Cell::new(false),
             handover: Cell::new(false),
             accept_cancel: RefCell::new(monoio::io::Canceller::new()),
-            events,
+            control,
+            outcomes: RefCell::new(Vec::new()),
+            control_loads: RefCell::new(Arc::from(Vec::new())),
+            pruned_for: Cell::new(0),
             permits,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
@@ -328,7 +340,47 @@ impl Shard {
 
     /// Asks the control thread to re-probe a worker we could not connect to.
     pub fn report_connect_failed(&self, worker: WorkerId) {
-        let _ = self.events.try_send(WorkerEvent::ConnectFailed(worker));
+        let _ = self.control.send(ControlMsg::ConnectFailed(worker));
+    }
+
+    /// One finished attempt's verdict on its worker, for the breakers and the admin API's
+    /// counts. A failure is reported at once (with what was pending, in order).
+    pub fn record_outcome(&self, worker: WorkerId, v: Verdict) {
+        self.outcomes.borrow_mut().push((worker, v));
+        if v == Verdict::Failure {
+            self.report_to_control(false);
+        }
+    }
+
+    /// Hands the control thread the pending outcomes, and the loads when they changed and
+    /// `with_loads`.
+    fn report_to_control(&self, with_loads: bool) {
+        let loads = with_loads
+            .then(|| {
+                let l = self.loads.borrow();
+                (**self.control_loads.borrow() != *l.own).then(|| Arc::<[usize]>::from(l.own.as_slice()))
+            })
+            .flatten();
+        let outcomes = std::mem::take(&mut *self.outcomes.borrow_mut());
+        if outcomes.is_empty() && loads.is_none() {
+            return;
+        }
+        if let Some(l) = &loads {
+            *self.control_loads.borrow_mut() = Arc::clone(l);
+        }
+        // Unbounded: an outcome is never dropped, and at most one message per tick plus one
+        // per failure is sent.
+        let _ = self.control.send(ControlMsg::Report { shard: self.index, outcomes, loads });
+    }
+
+    /// An admin request for the control thread; the answer comes back on the channel.
+    pub fn ask_control(
+        &self,
+        req: crate::workers::admin::AdminRequest,
+    ) -> flume::Receiver<crate::workers::admin::AdminReply> {
+        let (tx, rx) = flume::bounded(1);
+        let _ = self.control.send(ControlMsg::Admin { req, reply: tx });
+        rx
     }
 
     // --- life cycle ---
@@ -427,6 +479,8 @@ impl Shard {
         self.heartbeats.beat(self.index);
         self.date.refresh();
         self.gossip();
+        self.report_to_control(true);
+        self.prune_pool();
         let dropped = self.access.flush();
         self.count_dropped(dropped);
         if let Some(t) = &self.traces {
@@ -438,6 +492,15 @@ impl Shard {
         if slow {
             self.pool.sweep();
             self.router.borrow_mut().tick(Instant::now());
+        }
+    }
+
+    /// Closes pooled connections to workers the Snapshot no longer has.
+    fn prune_pool(&self) {
+        let snap = self.snapshot();
+        if snap.generation != self.pruned_for.get() {
+            self.pruned_for.set(snap.generation);
+            self.pool.retain(|id| snap.worker(id).is_some());
         }
     }
 

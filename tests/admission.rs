@@ -1004,7 +1004,18 @@ fn no_slot_is_lost_to_errors_aborts_or_timeouts() {
         let gw = gateway(
             legacy,
             &w.url(),
-            &["--max-concurrent-requests", "4", "--rate-limit-tokens-per-second", "0", "--request-timeout-secs", "1"],
+            &[
+                "--max-concurrent-requests",
+                "4",
+                "--rate-limit-tokens-per-second",
+                "0",
+                "--request-timeout-secs",
+                "1",
+                // The faults here are deliberate: a retry or an open breaker would hide
+                // what this test counts (each request's own permit).
+                "--disable-retries",
+                "--disable-circuit-breaker",
+            ],
         );
         let port = gw.port;
         let next = Arc::new(AtomicUsize::new(0));

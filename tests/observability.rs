@@ -122,7 +122,20 @@ fn prometheus_scrapes_counts_that_add_up() {
         let w = FakeWorker::start("m");
         let mport = free_port();
         let gw =
-            gateway(legacy, &w, mport, &["--max-concurrent-requests", "1000", "--rate-limit-tokens-per-second", "0"]);
+            // The worker's 500s are relayed as they are: no retry, no breaker in the way.
+            gateway(
+                legacy,
+                &w,
+                mport,
+                &[
+                    "--max-concurrent-requests",
+                    "1000",
+                    "--rate-limit-tokens-per-second",
+                    "0",
+                    "--disable-retries",
+                    "--disable-circuit-breaker",
+                ],
+            );
         let prom = Prometheus::start(mport);
         // 120 answered by the worker, 30 for an unknown model, 20 for an unknown path, 10
         // worker errors relayed with their status.

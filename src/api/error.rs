@@ -25,10 +25,23 @@ impl ApiError {
 
     pub fn no_available_workers(model: Option<&str>) -> Self {
         let message = match model {
-            Some(m) => format!("No available workers for model '{m}': all are unhealthy"),
-            None => "No available workers: all are unhealthy".to_string(),
+            Some(m) => {
+                format!("No available workers for model '{m}': all are unhealthy or their circuit breakers are open")
+            }
+            None => "No available workers: all are unhealthy or their circuit breakers are open".to_string(),
         };
         Self::new(503, "no_available_workers", message)
+    }
+
+    /// Every eligible worker is over its overload threshold (`--worker-overload-shed`).
+    pub fn overload_shed(model: Option<&str>, retry_after_secs: u64) -> Self {
+        let message = match model {
+            Some(m) => format!("Every worker for model '{m}' is overloaded"),
+            None => "Every worker is overloaded".to_string(),
+        };
+        let mut e = Self::new(503, "worker_overload_protection_shed", message);
+        e.retry_after = Some(retry_after_secs.min(u16::MAX as u64) as u16);
+        e
     }
 
     pub fn body_too_large(limit: usize) -> Self {

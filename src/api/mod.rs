@@ -70,6 +70,9 @@ pub enum Local {
 pub enum Action {
     Local(Local),
     Proxy(&'static EndpointSpec),
+    /// Answered by the worker control thread: the `/workers` API, fan-outs, and the
+    /// pass-through worker-info routes.
+    Control,
     /// An admin/management endpoint of the contract this gateway does not serve yet.
     AdminNotImplemented,
     NotFound,
@@ -90,6 +93,12 @@ pub const ADMIN_ROUTES: [&str; 10] = [
     "/v1/tokenizers",
     "/v1/workers",
 ];
+
+/// Admin routes the control thread answers; the rest answer 501.
+const CONTROL_ROUTES: [&str; 4] = ["/workers", "/v1/workers", "/flush_cache", "/get_loads"];
+
+/// Public routes passed through to a worker by the control thread (SMG's).
+const WORKER_INFO_ROUTES: [&str; 3] = ["/get_server_info", "/get_model_info", "/health_generate"];
 
 /// The admin route `path` falls under, if any.
 fn admin_route(path: &[u8]) -> Option<&'static str> {
@@ -112,7 +121,7 @@ pub struct Route {
 impl Route {
     /// The body is read only for a request that will be forwarded.
     pub fn needs_body(&self) -> bool {
-        matches!(self.action, Action::Proxy(_))
+        matches!(self.action, Action::Proxy(_) | Action::Control)
     }
 
     /// Prefix of a request id the gateway generates for this route.
@@ -142,7 +151,12 @@ fn target(path: &[u8]) -> Option<Target> {
 /// The route of `(method, path)`.
 pub fn classify(method: Method, path: &[u8]) -> Route {
     if let Some(admin) = admin_route(path) {
-        return Route { action: Action::AdminNotImplemented, path: admin, admin: true };
+        let action = if CONTROL_ROUTES.contains(&admin) { Action::Control } else { Action::AdminNotImplemented };
+        return Route { action, path: admin, admin: true };
+    }
+    if let Some(info) = WORKER_INFO_ROUTES.iter().copied().find(|r| r.as_bytes() == path) {
+        let action = if method == Method::Get { Action::Control } else { Action::MethodNotAllowed };
+        return Route { action, path: info, admin: false };
     }
     let (action, label) = match target(path) {
         None => (Action::NotFound, "other"),

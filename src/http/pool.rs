@@ -94,6 +94,15 @@ impl Pool {
         }
     }
 
+    /// Closes every idle connection to a worker `keep` refuses (it was removed).
+    pub fn retain(&self, keep: impl Fn(WorkerId) -> bool) {
+        for (i, list) in self.idle.borrow_mut().iter_mut().enumerate() {
+            if !list.is_empty() && !keep(WorkerId(i as u32)) {
+                list.clear();
+            }
+        }
+    }
+
     /// Closes connections idle past the timeout (oldest sit at the front).
     pub fn sweep(&self) {
         let now = Instant::now();

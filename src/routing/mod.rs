@@ -51,7 +51,7 @@ pub use headers::{
     first_routing_key, parse_routing_tokens, parse_target_worker, rid_key, sticky_rid, valid_routing_key,
     MAX_ROUTING_KEY_BYTES, MAX_ROUTING_TOKENS, MAX_ROUTING_TOKENS_BYTES,
 };
-pub use loads::parse_sglang_loads;
+pub use loads::{parse_engine_load, parse_sglang_loads, EngineLoad};
 pub use prefix_hash::CHARS_PER_TOKEN;
 pub use radix::{TreeStats, NODE_CHARGE};
 pub use text::{body_rid, namespace, routing_text, scan_body, BodyFields, RoutingSignal, TextSource};

@@ -15,7 +15,9 @@ use arc_swap::ArcSwap;
 use crate::admission::permits::PermitMsg;
 use crate::config::{Config, Host};
 use crate::shard::{Heartbeats, Peers, Shard, ShardMsg};
-use crate::workers::{health, Registry, Snapshot};
+use crate::workers::control::{self, ControlMsg};
+use crate::workers::fleet::WorkerSpec;
+use crate::workers::{Registry, Snapshot};
 
 /// Cores this process may run on (respects taskset/cpusets).
 pub fn allowed_cores() -> Vec<core_affinity::CoreId> {
@@ -77,7 +79,7 @@ struct ShardStart {
     core: Option<core_affinity::CoreId>,
     cfg: Arc<Config>,
     registry: Registry,
-    events: flume::Sender<health::WorkerEvent>,
+    control: flume::Sender<ControlMsg>,
     peers: Peers,
     inbox: flume::Receiver<ShardMsg>,
     permit_inbox: flume::Receiver<PermitMsg>,
@@ -113,7 +115,7 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(usize, RawFd), String>
             }
         };
         let _ = ready.send(Ok((s.index, listener.as_raw_fd())));
-        let shard = Rc::new(Shard::new(s.index, s.cfg, s.registry, s.events, s.peers));
+        let shard = Rc::new(Shard::new(s.index, s.cfg, s.registry, s.control, s.peers));
         if s.accept_when_routable {
             while !shard.snapshot().workers.iter().any(|w| w.healthy) {
                 monoio::time::sleep(Duration::from_millis(20)).await;
@@ -131,12 +133,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let sigset = block_signals();
     let cfg = Arc::new(cfg);
     let registry = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
-    let times = health::ProbeTimes {
-        health_interval: cfg.health_interval,
-        timeout: cfg.health_timeout,
-        load_interval: (cfg.routing.policy == crate::routing::PolicyKind::LeastLoad).then_some(cfg.load_interval),
-    };
-    let events = health::start(cfg.workers.clone(), Arc::clone(&registry), times);
+    let initial = cfg.workers.iter().map(|u| WorkerSpec::from_url(&u.url)).collect();
+    let control = control::start(initial, Arc::clone(&registry), cfg.fleet.clone());
 
     let cores = allowed_cores();
     let (ready_tx, ready_rx) = flume::unbounded::<Result<(usize, RawFd), String>>();
@@ -165,7 +163,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             core,
             cfg: Arc::clone(&cfg),
             registry: Arc::clone(&registry),
-            events: events.clone(),
+            control: control.clone(),
             peers,
             inbox: rx,
             permit_inbox: permit_rx,

@@ -12,14 +12,16 @@ use super::client::Client;
 use super::ctx::RequestCtx;
 use super::error::{self, Failure};
 use crate::access_log::Entry;
+use crate::api::ApiError;
 use crate::api::{local, Action, Local};
 use crate::http::head::{BodyKind, RequestHead};
 use crate::http::relay::{RelayEnd, RelayStats};
-use crate::http::respond::Stamp;
+use crate::http::respond::{write_simple, Simple, Stamp};
 use crate::io::{read_more, read_more_within, shutdown_write, write_all, Timed};
 use crate::metrics::{self, Finished, Routed};
 use crate::shard::Shard;
 use crate::trace::SpanRecord;
+use crate::workers::admin::{AdminReply, ReplyError};
 
 /// Read buffer of a client connection; it grows for large bodies and is shrunk back after.
 pub const READ_BUF: usize = 8 * 1024;
@@ -33,6 +35,8 @@ const DRAIN_MAX: u64 = 64 * 1024;
 pub enum Outcome {
     /// Answered by the gateway itself.
     Local(Local),
+    /// Answered by the worker control thread (admin API, worker info).
+    Control(AdminReply),
     /// Answered with an error.
     Failed(Failure),
     /// The worker's response went to the client (whole, or cut short).
@@ -71,6 +75,7 @@ pub async fn finish(
 ) -> Next {
     let mut keep = match outcome {
         Outcome::Local(l) => answer(shard, client, head, &mut ctx, Answer::Local(l)).await,
+        Outcome::Control(r) => answer(shard, client, head, &mut ctx, Answer::Control(r)).await,
         Outcome::Failed(f) => answer(shard, client, head, &mut ctx, Answer::Failure(f)).await,
         Outcome::Relayed { end, stats } => {
             ctx.timings.first_byte = stats.first_byte;
@@ -105,6 +110,7 @@ pub async fn finish(
 
 enum Answer {
     Local(Local),
+    Control(AdminReply),
     Failure(Failure),
 }
 
@@ -123,6 +129,24 @@ async fn answer(
     let mut out = Vec::with_capacity(256);
     ctx.status = match &a {
         Answer::Local(l) => local::answer(&mut out, *l, &shard.snapshot(), head_only, &stamp),
+        Answer::Control(r) => match &r.api_error {
+            Some(e) => {
+                let e = match e {
+                    ReplyError::NoWorkers => ApiError::no_available_workers(None),
+                    ReplyError::Unreachable { worker, error } => ApiError::upstream_connect(worker, error),
+                };
+                e.write_response(&mut out, head_only, &stamp);
+                ctx.error_code = e.code;
+                e.status
+            }
+            None => {
+                let location = r.location.as_deref().map(|l| [("location", l.as_bytes())]);
+                let headers: &[(&str, &[u8])] = location.as_ref().map_or(&[], |h| &h[..]);
+                let resp = Simple { status: r.status, content_type: r.content_type, headers, body: &r.body };
+                write_simple(&mut out, &resp, head_only, &stamp);
+                r.status
+            }
+        },
         Answer::Failure(f) => {
             let (status, code) = error::respond(&mut out, f, ctx.worker_url(), head_only, &stamp);
             ctx.error_code = code;

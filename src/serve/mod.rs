@@ -19,6 +19,7 @@
 //! admission limits plug in there, before the body is read.
 
 mod client;
+mod control;
 mod ctx;
 mod error;
 mod finish;
@@ -39,12 +40,15 @@ use crate::api::{self, Action, ApiError, EndpointSpec, Route};
 use crate::http::body::{read_body, Body, BodyError, BodyLimits};
 use crate::http::head::{parse_request, ParseError, RequestHead};
 use crate::io::{nodelay, peer_closed, read_more_within, send_deadline, sleep, Timed};
+use crate::retry;
 use crate::shard::{ConnectionSlot, Shard};
+use crate::workers::breaker::Verdict as AttemptVerdict;
+use crate::workers::WorkerId;
 use client::Client;
 use ctx::RequestCtx;
 use error::{ClientError, Failure, InternalError};
 use finish::{finish, Next, Outcome, READ_BUF};
-use upstream::{attempt, relay_response, upstream_head, AttemptError};
+use upstream::{attempt, relay_response, upstream_head, AttemptError, Plan};
 
 /// Serves one client connection until it closes; a panic outside a request's phases ends
 /// only this connection.
@@ -104,6 +108,7 @@ async fn request(
     let spec = match route.action {
         Action::Proxy(spec) => spec,
         Action::Local(l) => return Outcome::Local(l),
+        Action::Control => return control::ask(shard, client, head, ctx).await,
         Action::AdminNotImplemented => return reject(ApiError::admin_not_implemented(&path(client, head))),
         Action::NotFound => return reject(ApiError::route_not_found(&path(client, head))),
         Action::MethodNotAllowed => return reject(ApiError::method_not_allowed(&path(client, head))),
@@ -227,8 +232,9 @@ async fn body(shard: &Shard, client: &mut Client, head: &RequestHead, ctx: &mut 
     }
 }
 
-/// Phases pick → attempt → relay, with the retry edge from a stale pooled socket back to
-/// pick and on to a fresh connection.
+/// Phases pick → attempt → relay, with the retry edges back to pick: after a stale pooled
+/// socket, to the same worker on a fresh connection; after a worker failure or a retryable
+/// status (nothing sent to the client yet), to a worker selected again, after a backoff.
 async fn forward(
     shard: &Rc<Shard>,
     client: &mut Client,
@@ -240,27 +246,62 @@ async fn forward(
     let mut up_head = Vec::with_capacity(512);
     let mut watch = true;
     let mut fresh = false;
+    // Workers this request failed on (allocates only on a retry).
+    let mut failed_on: Vec<WorkerId> = Vec::new();
     loop {
-        if let Err(f) = pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx) {
+        let picked = pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, &failed_on);
+        if let Err(f) = picked {
             return Outcome::Failed(f);
         }
         let worker = ctx.chosen.as_ref().expect("picked").worker();
         let id = worker.id;
         up_head.clear();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);
-        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, body.bytes(&client.buf).len(), span);
-        match attempt(shard, client, ctx, &mut up_head, body, fresh, &mut watch).await {
+        let authority = &worker.url.authority;
+        let skip =
+            upstream_head(&mut up_head, head, &client.buf, authority, body.bytes(&client.buf), span, &worker.meta);
+        let failure = match attempt(shard, client, ctx, &mut up_head, body, Plan { skip, fresh }, &mut watch).await {
+            Ok(answered) if retry::retryable_status(answered.head.status) && may_retry(shard, ctx) => {
+                // Dropping the answer closes its connection: its body is not worth reading.
+                let status = answered.head.status;
+                drop(answered);
+                shard.record_outcome(id, AttemptVerdict::of_status(status));
+                crate::debug!("request {}: worker {} answered {status}; retrying", ctx.id_str(), ctx.worker_url());
+                None
+            }
             Ok(answered) => return relay_response(shard, client, head, ctx, answered, up_head, watch).await,
             Err(AttemptError::Failed(Failure::Worker(e))) if e.stale_socket() && !fresh => {
                 // Its siblings in the pool were opened to the same worker process.
                 shard.forget_conns(id);
                 crate::debug!("request {}: stale pooled connection; retrying on a fresh one", ctx.id_str());
                 fresh = true;
+                continue;
+            }
+            Err(AttemptError::Failed(Failure::Worker(e))) => {
+                shard.record_outcome(id, AttemptVerdict::Failure);
+                Some(e)
             }
             Err(AttemptError::Failed(f)) => return Outcome::Failed(f),
             Err(AttemptError::ClientGone) => return Outcome::ClientGone,
+        };
+        if let Some(e) = failure {
+            if !may_retry(shard, ctx) {
+                return Outcome::Failed(Failure::Worker(e));
+            }
+            crate::debug!("request {}: worker {}: {}; retrying", ctx.id_str(), ctx.worker_url(), e.cause);
         }
+        failed_on.push(id);
+        ctx.chosen = None;
+        fresh = false;
+        let policy = shard.cfg().retry.expect("may_retry");
+        let unit = (shard.next_random() >> 11) as f64 / (1u64 << 53) as f64;
+        sleep(policy.backoff(u32::from(ctx.attempts) + 1, unit)).await;
     }
+}
+
+/// Another attempt is allowed: retries are on and the request has attempts left.
+fn may_retry(shard: &Shard, ctx: &RequestCtx) -> bool {
+    shard.cfg().retry.is_some_and(|p| u32::from(ctx.attempts) < p.max_attempts)
 }
 
 fn reject(e: ApiError) -> Outcome {

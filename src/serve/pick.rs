@@ -11,8 +11,10 @@ use crate::api::{ApiError, EndpointSpec};
 use crate::http::head::RequestHead;
 use crate::routing::{first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal};
 use crate::shard::Shard;
-use crate::workers::Candidates;
+use crate::workers::{Candidates, WorkerId};
 
+/// Picks a worker for `ctx` unless one is already chosen. `avoid`: workers that failed this
+/// request already; they are passed over while any other candidate is left.
 pub fn pick_worker(
     shard: &Rc<Shard>,
     spec: &EndpointSpec,
@@ -20,19 +22,44 @@ pub fn pick_worker(
     buf: &[u8],
     body: &[u8],
     ctx: &mut RequestCtx,
+    avoid: &[WorkerId],
 ) -> Result<(), Failure> {
     // The retry edge comes back here. A retry after a stale pooled socket goes to the same
-    // worker on a fresh connection: the worker did nothing wrong. (Re-selecting after a
-    // worker failure is the circuit breaker's decision, not made here yet.)
+    // worker on a fresh connection (the worker did nothing wrong): it is still chosen. A
+    // retry after a worker failure cleared the choice and selects again.
     if ctx.chosen.is_some() {
         return Ok(());
     }
     let snap = shard.snapshot();
     let model = ctx.model.as_deref();
-    let positions = match snap.candidates(model) {
+    let all = match snap.candidates(model) {
         Candidates::UnknownModel => return Err(ApiError::model_not_found(model.unwrap_or("")).into()),
         Candidates::AllDown => return Err(ApiError::no_available_workers(model).into()),
+        Candidates::Overloaded(_) if shard.cfg().overload_shed => {
+            let secs = shard.cfg().load_interval.as_secs();
+            return Err(ApiError::overload_shed(model, secs).into());
+        }
+        Candidates::Overloaded(list) => {
+            // SMG's fallback without --worker-overload-shed: the least loaded of them.
+            let least = list.iter().copied().min_by_key(|&p| snap.workers[p].engine_load.unwrap_or(0));
+            let pos = least.expect("an overloaded list is never empty");
+            let load = shard.hold_load(snap.workers[pos].id);
+            ctx.timings.upstream_started = Some(Instant::now());
+            ctx.chosen = Some(Chosen { snapshot: snap.clone(), pos, _load: load });
+            return Ok(());
+        }
         Candidates::Healthy(list) => list,
+    };
+    let spared: Vec<usize>;
+    let positions = if avoid.is_empty() {
+        all
+    } else {
+        spared = all.iter().copied().filter(|&p| !avoid.contains(&snap.workers[p].id)).collect();
+        if spared.is_empty() {
+            all
+        } else {
+            &spared
+        }
     };
     let cfg = &shard.cfg().routing;
     let header = |name: &str| head.header(buf, name).and_then(|v| std::str::from_utf8(v).ok());

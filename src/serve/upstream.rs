@@ -20,6 +20,8 @@ use crate::http::response_head::{read_response_head, HeadError, ResponseHead};
 use crate::io::{is_resource_exhaustion, Writev2};
 use crate::shard::Shard;
 use crate::trace::SpanIds;
+use crate::workers::breaker::Verdict;
+use crate::workers::snapshot::WorkerMeta;
 
 /// A worker's answer: the connection, with the response head at the start of its buffer.
 pub struct Answered {
@@ -41,27 +43,45 @@ impl From<WorkerError> for AttemptError {
 
 /// The request head a worker gets: the client's target, our Host and framing, and the
 /// client headers the contract forwards; with tracing, our span replaces the caller's
-/// `traceparent`.
+/// `traceparent`; a worker registered with its own key gets that key instead of the
+/// client's. For a data-parallel rank the body gets `"data_parallel_rank": k` spliced in
+/// after its opening brace: the head ends with the brace and the field, and the returned
+/// count of body bytes (up to and including the brace) is skipped when the body is written.
 pub fn upstream_head(
     out: &mut Vec<u8>,
     head: &RequestHead,
     buf: &[u8],
     authority: &str,
-    body_len: usize,
+    body: &[u8],
     span: Option<&SpanIds>,
-) {
+    meta: &WorkerMeta,
+) -> usize {
+    let mut splice = [0u8; 48];
+    let (skip, insert) = match meta.dp_rank.and_then(|r| rank_splice(body, r, &mut splice)) {
+        Some((skip, n)) => (skip, &splice[..n]),
+        None => (0, &splice[..0]),
+    };
     out.extend_from_slice(b"POST ");
     out.extend_from_slice(&buf[head.target.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(authority.as_bytes());
     out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-    put_dec(out, body_len as u64);
+    put_dec(out, (body.len() - skip + insert.len()) as u64);
     out.extend_from_slice(b"\r\n");
     for h in &head.forward {
-        if span.is_some() && buf[h.name.clone()].eq_ignore_ascii_case(b"traceparent") {
+        let name = &buf[h.name.clone()];
+        if span.is_some() && name.eq_ignore_ascii_case(b"traceparent") {
             continue;
         }
-        header_line(out, &buf[h.name.clone()], &buf[h.value.clone()]);
+        if meta.api_key.is_some() && name.eq_ignore_ascii_case(b"authorization") {
+            continue;
+        }
+        header_line(out, name, &buf[h.value.clone()]);
+    }
+    if let Some(k) = &meta.api_key {
+        out.extend_from_slice(b"authorization: Bearer ");
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
     if let Some(s) = span {
         out.extend_from_slice(b"traceparent: ");
@@ -69,6 +89,35 @@ pub fn upstream_head(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(insert);
+    skip
+}
+
+/// `{"data_parallel_rank":k,` (or without the comma for an empty object) and how many body
+/// bytes it replaces; None for a body that is not a JSON object.
+fn rank_splice(body: &[u8], rank: u32, out: &mut [u8; 48]) -> Option<(usize, usize)> {
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' {
+        return None;
+    }
+    let empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut v = Vec::with_capacity(48);
+    v.extend_from_slice(b"{\"data_parallel_rank\":");
+    put_dec(&mut v, u64::from(rank));
+    if !empty {
+        v.push(b',');
+    }
+    out[..v.len()].copy_from_slice(&v);
+    Some((open + 1, v.len()))
+}
+
+/// How to make one attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Body bytes replaced by the head's splice (see [`upstream_head`]).
+    pub skip: usize,
+    /// Skip the pool: a pooled connection just proved stale.
+    pub fresh: bool,
 }
 
 /// One attempt: writes `up_head` and the body, reads the response head. `fresh` skips the
@@ -79,9 +128,10 @@ pub async fn attempt(
     ctx: &mut RequestCtx,
     up_head: &mut Vec<u8>,
     body: &mut Body,
-    fresh: bool,
+    plan: Plan,
     watch: &mut bool,
 ) -> Result<Answered, AttemptError> {
+    let Plan { skip, fresh } = plan;
     ctx.attempts += 1;
     let chosen = ctx.chosen.as_ref().expect("pick ran");
     let (id, addr) = (chosen.worker().id, chosen.worker().url.addr);
@@ -104,6 +154,7 @@ pub async fn attempt(
     // buffer for a Content-Length body) and comes back for a retry or the next request.
     let (res, h) = match body {
         Body::None => {
+            debug_assert_eq!(skip, 0, "no body, nothing spliced");
             let (res, h, _) = Writev2::write(&mut conn.stream, std::mem::take(up_head), Vec::new(), 0, 0).await;
             (res, h)
         }
@@ -112,7 +163,7 @@ pub async fn attempt(
                 &mut conn.stream,
                 std::mem::take(up_head),
                 std::mem::take(&mut client.buf),
-                r.start,
+                r.start + skip,
                 r.end,
             )
             .await;
@@ -121,7 +172,8 @@ pub async fn attempt(
         }
         Body::Owned(v) => {
             let n = v.len();
-            let (res, h, b) = Writev2::write(&mut conn.stream, std::mem::take(up_head), std::mem::take(v), 0, n).await;
+            let (res, h, b) =
+                Writev2::write(&mut conn.stream, std::mem::take(up_head), std::mem::take(v), skip, n).await;
             *v = b;
             (res, h)
         }
@@ -171,6 +223,8 @@ pub async fn relay_response(
     // traces): a clock read per request is not free.
     let mut stats = RelayStats { timed: shard.accounting(), ..RelayStats::default() };
     let (end, _) = relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
+    let verdict = if let RelayEnd::Worker { .. } = end { Verdict::Failure } else { Verdict::of_status(rhead.status) };
+    shard.record_outcome(worker.id, verdict);
     match end {
         RelayEnd::Done { reusable: true } => shard.put_conn(worker.id, conn),
         RelayEnd::Worker { why, sent: false } => {

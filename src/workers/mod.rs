@@ -1,10 +1,16 @@
 //! Workers: their URLs, the immutable Snapshot shards route from, and the control thread
-//! that probes them and publishes a new Snapshot (arc-swap) whenever anything changes.
+//! that owns the fleet (health, breakers, loads, the admin API) and publishes a new
+//! Snapshot (arc-swap) whenever routing must see a change.
 
-pub mod health;
+pub mod admin;
+pub mod breaker;
+pub mod control;
+pub mod fleet;
 pub mod probe;
 pub mod snapshot;
+pub mod status;
 mod url;
+mod uuid;
 
 pub use snapshot::{Candidates, Registry, Snapshot, Worker};
 pub use url::{WorkerId, WorkerUrl};

@@ -1,14 +1,15 @@
-//! Blocking HTTP/1.1 GETs for the control thread: health checks and model discovery.
-//!
-//! These run on the control thread's own prober threads, never on a shard, so plain
-//! std::net with timeouts is the simplest correct tool.
+//! HTTP/1.1 exchanges of the control thread with workers: health checks, discovery, and
+//! the admin API's fan-out. They run on the control thread's tokio runtime (one thread for
+//! every worker), never on a shard; each has a connection of its own and one deadline.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use sonic_rs::JsonValueTrait;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
+use super::fleet::Discovery;
+use super::snapshot::Runtime;
 use super::WorkerUrl;
 use smg_wire::chunked::ChunkedDecoder;
 
@@ -20,35 +21,66 @@ pub struct ProbeResponse {
     pub body: Vec<u8>,
 }
 
-/// GET `path` on the worker with a connection of its own.
-pub fn get(worker: &WorkerUrl, path: &str, timeout: Duration) -> std::io::Result<ProbeResponse> {
-    let mut s = TcpStream::connect_timeout(&worker.addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nConnection: close\r\n\r\n",
+fn invalid(why: &'static str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, why)
+}
+
+/// GET `path` on the worker.
+pub async fn get(worker: &WorkerUrl, path: &str, timeout: Duration) -> std::io::Result<ProbeResponse> {
+    request(worker, "GET", path, None, None, timeout).await
+}
+
+/// One request with its own connection, the whole exchange within `timeout`.
+pub async fn request(
+    worker: &WorkerUrl,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    api_key: Option<&str>,
+    timeout: Duration,
+) -> std::io::Result<ProbeResponse> {
+    match tokio::time::timeout(timeout, exchange(worker, method, path, body, api_key)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
+async fn exchange(
+    worker: &WorkerUrl,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    api_key: Option<&str>,
+) -> std::io::Result<ProbeResponse> {
+    let mut s = TcpStream::connect(worker.addr).await?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nConnection: close\r\n",
         worker.authority
     );
-    s.write_all(req.as_bytes())?;
+    if let Some(k) = api_key {
+        req.push_str(&format!("Authorization: Bearer {k}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+    }
+    req.push_str("\r\n");
+    let mut out = req.into_bytes();
+    out.extend_from_slice(body.unwrap_or_default());
+    s.write_all(&out).await?;
     // Read until the framed body is complete, not until EOF: a worker that ignores
     // `Connection: close` must not stall the probe until its timeout.
     let mut raw = Vec::new();
-    let mut tmp = [0u8; 16 * 1024];
+    let mut tmp = vec![0u8; 16 * 1024];
     loop {
         match parse(&raw) {
             Parsed::Done(r) => return Ok(r),
-            Parsed::Bad => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed response")),
-            Parsed::Partial if raw.len() > MAX_PROBE_RESPONSE => {
-                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "response too large"))
-            }
+            Parsed::Bad => return Err(invalid("malformed response")),
+            Parsed::Partial if raw.len() > MAX_PROBE_RESPONSE => return Err(invalid("response too large")),
             Parsed::Partial => {}
         }
-        let n = s.read(&mut tmp)?;
+        let n = s.read(&mut tmp).await?;
         if n == 0 {
-            return match parse_at_eof(&raw) {
-                Some(r) => Ok(r),
-                None => Err(std::io::ErrorKind::UnexpectedEof.into()),
-            };
+            return parse_at_eof(&raw).ok_or_else(|| std::io::ErrorKind::UnexpectedEof.into());
         }
         raw.extend_from_slice(&tmp[..n]);
     }
@@ -104,30 +136,54 @@ fn parse_at_eof(raw: &[u8]) -> Option<ProbeResponse> {
     }
 }
 
-/// The worker's model id: `/v1/models` `data[0].id`, else `model_path` from
-/// `/get_model_info`, then `/model_info`.
-pub fn discover_model(worker: &WorkerUrl, timeout: Duration) -> Option<String> {
-    if let Ok(r) = get(worker, "/v1/models", timeout) {
-        if (200..300).contains(&r.status) {
-            if let Ok(v) = sonic_rs::from_slice::<sonic_rs::Value>(&r.body) {
-                if let Some(id) = v["data"][0]["id"].as_str().filter(|s| !s.is_empty()) {
-                    return Some(id.to_string());
-                }
+/// What registration learns about a worker, as SMG detects it: the model from `/v1/models`
+/// (`data[0].id`, else `model_path` from `/get_model_info`, then `/model_info`); the
+/// runtime from `/v1/models` `owned_by` (`sglang`/`nvidia`, `vllm`), else a `/version`
+/// answer (vLLM), else a `/server_info` answer (SGLang), else external; the data-parallel
+/// size and batch capacity from SGLang's server info. None until the model is known.
+pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery> {
+    let json = |r: ProbeResponse| {
+        (200..300).contains(&r.status).then(|| sonic_rs::from_slice::<sonic_rs::Value>(&r.body).ok()).flatten()
+    };
+    let models = get(worker, "/v1/models", timeout).await.ok().and_then(json);
+    let first = models.as_ref().map(|v| &v["data"][0]);
+    let mut model = first.and_then(|m| m["id"].as_str()).filter(|s| !s.is_empty()).map(str::to_string);
+    let owned = first.and_then(|m| m["owned_by"].as_str()).unwrap_or("");
+    let mut runtime = match owned.to_ascii_lowercase().as_str() {
+        "sglang" | "nvidia" => Some(Runtime::Sglang),
+        "vllm" => Some(Runtime::Vllm),
+        _ => None,
+    };
+    let info = match get(worker, "/server_info", timeout).await {
+        Ok(r) if r.status == 404 => get(worker, "/get_server_info", timeout).await.ok().and_then(json),
+        r => r.ok().and_then(json),
+    };
+    if runtime.is_none() {
+        let version = get(worker, "/version", timeout).await.ok().and_then(json);
+        runtime = Some(if version.is_some() {
+            Runtime::Vllm
+        } else if info.is_some() {
+            Runtime::Sglang
+        } else {
+            Runtime::External
+        });
+    }
+    if model.is_none() {
+        for path in ["/get_model_info", "/model_info"] {
+            let found = get(worker, path, timeout).await.ok().and_then(json);
+            model = found.as_ref().and_then(|v| v["model_path"].as_str()).filter(|s| !s.is_empty()).map(Into::into);
+            if model.is_some() {
+                break;
             }
         }
     }
-    for path in ["/get_model_info", "/model_info"] {
-        if let Ok(r) = get(worker, path, timeout) {
-            if (200..300).contains(&r.status) {
-                if let Ok(v) = sonic_rs::from_slice::<sonic_rs::Value>(&r.body) {
-                    if let Some(p) = v["model_path"].as_str().filter(|s| !s.is_empty()) {
-                        return Some(p.to_string());
-                    }
-                }
-            }
-        }
-    }
-    None
+    let field = |name: &str| info.as_ref().and_then(|v| v[name].as_u64());
+    Some(Discovery {
+        model: model?,
+        runtime: runtime.unwrap_or_default(),
+        dp_size: field("dp_size").map(|n| n.clamp(1, 1024) as u32),
+        max_running: field("max_running_requests"),
+    })
 }
 
 #[cfg(test)]

@@ -15,13 +15,64 @@ pub type Registry = Arc<ArcSwap<Snapshot>>;
 #[derive(Debug, Clone)]
 pub struct Worker {
     pub id: WorkerId,
+    /// For a data-parallel rank, `url.url` is `base@rank` (what `x-smg-routed-worker-id` says).
     pub url: WorkerUrl,
     /// The model id the worker reported; None until it first answered.
     pub model: Option<String>,
-    /// Routable: answered its health check and the model probe.
+    /// Routable: Ready by its health checks, and its circuit breaker is not open.
     pub healthy: bool,
-    /// The last load the worker reported on `/v1/loads` (least_load only).
+    /// The last load the worker reported on `/v1/loads` (least_load, overload protection).
     pub engine_load: Option<u64>,
+    /// Past its overload threshold by the load monitor's last look.
+    pub overloaded: bool,
+    pub meta: Arc<WorkerMeta>,
+}
+
+/// What a worker was registered with and what discovery found: read by the paths that
+/// need it (the worker's own key, a data-parallel rank, the runtime), shared by Arc so a
+/// publish copies none of it.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerMeta {
+    pub runtime: Runtime,
+    pub labels: Vec<(String, String)>,
+    /// Sent to the worker as `Authorization: Bearer`, replacing the client's.
+    pub api_key: Option<String>,
+    /// `--dp-aware`: this entry is one rank of a data-parallel worker.
+    pub dp_rank: Option<u32>,
+}
+
+/// The engine behind a worker, as registration detected it (or the spec said).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Runtime {
+    Sglang,
+    Vllm,
+    Trtllm,
+    /// An OpenAI-compatible server of unknown make.
+    #[default]
+    External,
+}
+
+// === impl Runtime ===
+
+impl Runtime {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Sglang => "sglang",
+            Runtime::Vllm => "vllm",
+            Runtime::Trtllm => "trtllm",
+            Runtime::External => "external",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "sglang" => Runtime::Sglang,
+            "vllm" => Runtime::Vllm,
+            "trtllm" | "tensorrt-llm" | "tensorrt_llm" => Runtime::Trtllm,
+            "external" | "openai" | "generic" => Runtime::External,
+            _ => return None,
+        })
+    }
 }
 
 #[derive(Debug, Default)]
@@ -30,13 +81,22 @@ pub struct Snapshot {
     pub generation: u64,
     /// Every registered worker, in registration order (so sorted by id).
     pub workers: Vec<Worker>,
-    /// Model id → positions in `workers` of its healthy workers (a model whose workers are
-    /// all down keeps an empty list), and every healthy worker: computed once per publish
-    /// so a request neither filters nor allocates them.
-    healthy_by_model: HashMap<String, Vec<usize>>,
-    healthy: Vec<usize>,
+    /// Model id → its routable workers, and the same over every worker: computed once per
+    /// publish so a request neither filters nor allocates them.
+    healthy_by_model: HashMap<String, Routable>,
+    healthy: Routable,
     /// Pre-rendered GET /v1/models body; None when no worker serves any model.
     pub models_body: Option<Vec<u8>>,
+}
+
+/// A model's workers as routing sees them. Overloaded workers are left out while any
+/// other is routable; when every routable one is overloaded the request is shed.
+#[derive(Debug, Default)]
+enum Routable {
+    #[default]
+    Down,
+    Overloaded(Vec<usize>),
+    Up(Vec<usize>),
 }
 
 pub enum Candidates<'a> {
@@ -46,6 +106,8 @@ pub enum Candidates<'a> {
     AllDown,
     /// Positions in `workers` of the healthy workers that serve it.
     Healthy(&'a [usize]),
+    /// Healthy workers serve it, but every one is over its overload threshold.
+    Overloaded(&'a [usize]),
 }
 
 // === impl Snapshot ===
@@ -68,11 +130,18 @@ impl Snapshot {
         let listed: Vec<&str> =
             models.into_iter().filter(|m| by_model[*m].iter().any(|id| workers[*id].healthy)).collect();
         let models_body = (!listed.is_empty()).then(|| render_models(&listed));
-        let healthy_by_model = by_model
-            .iter()
-            .map(|(m, ids)| (m.clone(), ids.iter().copied().filter(|id| workers[*id].healthy).collect()))
-            .collect();
-        let healthy = (0..workers.len()).filter(|&p| workers[p].healthy).collect();
+        let routable = |ids: &[usize]| -> Routable {
+            let up: Vec<usize> = ids.iter().copied().filter(|&p| workers[p].healthy).collect();
+            let cool: Vec<usize> = up.iter().copied().filter(|&p| !workers[p].overloaded).collect();
+            match (up.is_empty(), cool.is_empty()) {
+                (true, _) => Routable::Down,
+                (false, true) => Routable::Overloaded(up),
+                (false, false) => Routable::Up(cool),
+            }
+        };
+        let healthy_by_model = by_model.iter().map(|(m, ids)| (m.clone(), routable(ids))).collect();
+        let all: Vec<usize> = (0..workers.len()).collect();
+        let healthy = routable(&all);
         Snapshot { generation, workers, healthy_by_model, healthy, models_body }
     }
 
@@ -86,14 +155,14 @@ impl Snapshot {
         let up = match model {
             Some(m) => match self.healthy_by_model.get(m) {
                 None => return Candidates::UnknownModel,
-                Some(ids) => ids,
+                Some(r) => r,
             },
             None => &self.healthy,
         };
-        if up.is_empty() {
-            Candidates::AllDown
-        } else {
-            Candidates::Healthy(up)
+        match up {
+            Routable::Down => Candidates::AllDown,
+            Routable::Overloaded(list) => Candidates::Overloaded(list),
+            Routable::Up(list) => Candidates::Healthy(list),
         }
     }
 }
@@ -123,6 +192,8 @@ mod tests {
             model: model.map(Into::into),
             healthy,
             engine_load: None,
+            overloaded: false,
+            meta: Arc::default(),
         }
     }
 

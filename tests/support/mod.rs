@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 pub mod admit;
 pub mod rogue;
+pub mod sim;
 
 use std::cell::Cell;
 use std::io::{Read, Write};
@@ -332,6 +333,10 @@ fn serve(mut s: TcpStream, conn: usize, st: &WorkerState, model: &str) {
             "/health" => {
                 let code = if st.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
                 reply(&mut s, code, "text/plain", b"ok", &[])
+            }
+            // Discovery and the load monitor ask these; this worker has none of them.
+            "/server_info" | "/get_server_info" | "/version" | "/v1/loads" => {
+                reply(&mut s, 404, "text/plain", b"not found", &[])
             }
             "/v1/models" => {
                 let b =

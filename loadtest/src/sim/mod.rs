@@ -127,4 +127,10 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
             _ = w.died.wait() => break,
         }
     }
+    // Dropping the listener is not enough when the simulator runs inside another process (a
+    // test): on io_uring the close is queued on a ring that may never be entered again, and
+    // the port would keep completing handshakes. shutdown() stops listening at once, whoever
+    // else holds the socket.
+    // SAFETY: the fd belongs to `listener`, alive until the end of this function.
+    unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&listener), libc::SHUT_RDWR) };
 }

@@ -245,12 +245,13 @@ pub fn stats_body(w: &Worker) -> String {
     let mut out = String::with_capacity(768);
     let _ = write!(
         out,
-        "{{\"port\":{},\"model\":{},\"runtime\":\"{}\",\"healthy\":{},\"dead\":{},\"requests\":{},\"inference_requests\":{},\"completed\":{},\"failed\":{},\"hung\":{},\"truncated\":{},\"running\":{},\"waiting\":{},\"prompt_tokens\":{},\"cached_tokens\":{},\"output_tokens\":{},\"cache_hit_rate\":{:.4},\"cache_used_tokens\":{},\"dp_rank_requests\":[",
+        "{{\"port\":{},\"model\":{},\"runtime\":\"{}\",\"healthy\":{},\"dead\":{},\"connections_open\":{},\"requests\":{},\"inference_requests\":{},\"completed\":{},\"failed\":{},\"hung\":{},\"truncated\":{},\"running\":{},\"waiting\":{},\"prompt_tokens\":{},\"cached_tokens\":{},\"output_tokens\":{},\"cache_hit_rate\":{:.4},\"cache_used_tokens\":{},\"dp_rank_requests\":[",
         w.port,
         w.model_json,
         w.runtime.name(),
         w.health.is_healthy(),
         w.died.is_fired(),
+        w.conns.borrow().len(),
         s.requests.get(),
         s.inference.get(),
         s.completed.get(),

@@ -104,4 +104,9 @@ fn sglang_loads_sum_ranks() {
     assert_eq!(parse_sglang_loads(br#"{"loads":[{"dp_rank":0}]}"#), None);
     assert_eq!(parse_sglang_loads(br#"{"load":3}"#), None);
     assert_eq!(parse_sglang_loads(b"not json"), None);
+    let all = crate::routing::parse_engine_load(body, None).unwrap();
+    assert_eq!((all.total, all.waiting, all.token_usage), (6, 1, Some(0.5)));
+    let one = crate::routing::parse_engine_load(body, Some(1)).unwrap();
+    assert_eq!((one.total, one.waiting, one.token_usage), (2, 0, None));
+    assert_eq!(crate::routing::parse_engine_load(body, Some(5)), None);
 }

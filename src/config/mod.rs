@@ -8,8 +8,13 @@ use crate::admission::auth::AuthConfig;
 use crate::admission::AdmissionConfig;
 use crate::contract::Aliases;
 use crate::log::LogLevel;
+use crate::retry::RetryPolicy;
 use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
+use crate::workers::fleet::FleetConfig;
 use crate::workers::WorkerUrl;
+
+mod workers;
+pub use workers::WorkerArgs;
 
 #[derive(Parser, Debug)]
 #[command(name = "smg", version, about = "Shard-per-core, SMG-compatible LLM inference gateway")]
@@ -92,7 +97,8 @@ pub struct LaunchArgs {
     /// Headers that carry the routing key, in priority order.
     #[arg(long, num_args = 1.., value_name = "HEADER", default_values_t = ["x-smg-routing-key".to_string()])]
     pub routing_key_headers: Vec<String>,
-    /// least_load: seconds between polls of each worker's /v1/loads.
+    /// Seconds between polls of each worker's /v1/loads (least_load, overload protection);
+    /// also the Retry-After of an overload shed.
     #[arg(long, default_value_t = 10)]
     pub load_monitor_interval: u64,
     /// Accept ALIAS as a model name and route it as CANONICAL (repeatable).
@@ -123,12 +129,8 @@ pub struct LaunchArgs {
     /// Number of shards (one pinned reactor each); default: every core the process may use.
     #[arg(long)]
     pub cores: Option<usize>,
-    /// Seconds between health checks of workers that are up (down workers are retried every second).
-    #[arg(long, default_value_t = 60)]
-    pub health_check_interval_secs: u64,
-    /// Seconds a health or model probe may take.
-    #[arg(long, default_value_t = 5)]
-    pub health_check_timeout_secs: u64,
+    #[command(flatten)]
+    pub worker_args: WorkerArgs,
     /// Keep-alive client connections idle this long are closed.
     #[arg(long, default_value_t = 75)]
     pub client_idle_timeout_secs: u64,
@@ -248,8 +250,12 @@ pub struct Config {
     pub log_level: LogLevel,
     pub log_json: bool,
     pub cores: usize,
-    pub health_interval: Duration,
-    pub health_timeout: Duration,
+    /// How the control thread looks after workers.
+    pub fleet: FleetConfig,
+    /// None: one attempt per request (`--disable-retries`).
+    pub retry: Option<RetryPolicy>,
+    /// `--worker-overload-shed`.
+    pub overload_shed: bool,
     pub client_idle_timeout: Duration,
     pub client_read_timeout: Duration,
     pub body_stall_timeout: Duration,
@@ -416,8 +422,9 @@ impl LaunchArgs {
             log_level: self.log_level.parse()?,
             log_json: self.log_json,
             cores,
-            health_interval: positive("--health-check-interval-secs", self.health_check_interval_secs)?,
-            health_timeout: positive("--health-check-timeout-secs", self.health_check_timeout_secs)?,
+            fleet: self.worker_args.fleet(positive("--load-monitor-interval", self.load_monitor_interval)?, cores)?,
+            retry: self.worker_args.retry()?,
+            overload_shed: self.worker_args.worker_overload_shed,
             client_idle_timeout: positive("--client-idle-timeout-secs", self.client_idle_timeout_secs)?,
             client_read_timeout: positive("--client-read-timeout-secs", self.client_read_timeout_secs)?,
             body_stall_timeout: positive("--stream-body-stall-timeout-secs", self.stream_body_stall_timeout_secs)?,

@@ -1,0 +1,182 @@
+//! The control loop: one thread, one single-threaded tokio runtime, for every worker. It
+//! owns the [`Fleet`], runs health checks and load polls as tasks of its own, takes shard
+//! reports (outcomes for the breakers, in-flight counts) and admin requests, and publishes
+//! a new Snapshot whenever routing must see a change. Shards never wait on it, except an
+//! admin request waiting for its answer.
+//!
+//! tokio is here (off the data plane) because the loop is a select over channels, timers
+//! and many concurrent probes; a thread per worker did not scale to a thousand workers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::admin::{self, AdminReply, AdminRequest};
+use super::breaker::Verdict;
+use super::fleet::{Discovery, Fleet, FleetConfig, ProbeResult, WorkerSpec};
+use super::probe;
+use super::{Registry, WorkerId, WorkerUrl};
+
+/// Shards → control.
+pub enum ControlMsg {
+    /// A connect to this worker failed: check it now.
+    ConnectFailed(WorkerId),
+    /// A shard's outcomes since its last report, and its in-flight counts per worker id
+    /// when they changed.
+    Report { shard: usize, outcomes: Vec<(WorkerId, Verdict)>, loads: Option<Arc<[usize]>> },
+    /// An admin API request; the answer goes back on `reply`.
+    Admin { req: AdminRequest, reply: flume::Sender<AdminReply> },
+}
+
+/// Tasks of the loop → the loop.
+enum Done {
+    Probe(WorkerId, ProbeResult),
+    Load(WorkerId, Option<crate::routing::EngineLoad>),
+}
+
+/// Starts the control thread with the `--worker-urls` fleet; returns the channel shards
+/// report on.
+pub fn start(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig) -> flume::Sender<ControlMsg> {
+    let (tx, rx) = flume::unbounded::<ControlMsg>();
+    std::thread::Builder::new()
+        .name("smg-control".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build();
+            match rt {
+                Ok(rt) => rt.block_on(run(initial, registry, cfg, rx)),
+                Err(e) => crate::error!("control thread: {e}"),
+            }
+        })
+        .expect("spawn control thread");
+    tx
+}
+
+async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx: flume::Receiver<ControlMsg>) {
+    let mut fleet = Fleet::new(cfg);
+    let now = Instant::now();
+    for spec in initial {
+        if let Err(e) = fleet.register(spec, now) {
+            crate::warn!("--worker-urls: {e:?}");
+        }
+    }
+    let (done_tx, done_rx) = flume::unbounded::<Done>();
+    registry.store(Arc::new(fleet.snapshot()));
+    loop {
+        let now = Instant::now();
+        start_due(&mut fleet, now, &done_tx);
+        let mut dirty = fleet.on_time(now);
+        let wake = fleet.next_deadline().unwrap_or(now + Duration::from_secs(1)).max(now);
+        tokio::select! {
+            m = rx.recv_async() => match m {
+                Ok(m) => dirty |= on_message(&mut fleet, m, &done_tx),
+                Err(_) => return,
+            },
+            d = done_rx.recv_async() => {
+                let now = Instant::now();
+                dirty |= match d.expect("the loop holds a sender") {
+                    Done::Probe(id, r) => fleet.on_probe(id, r, now),
+                    Done::Load(id, l) => fleet.on_load(id, l),
+                };
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        // Everything already waiting is applied before one publish.
+        while let Ok(m) = rx.try_recv() {
+            dirty |= on_message(&mut fleet, m, &done_tx);
+        }
+        if dirty {
+            registry.store(Arc::new(fleet.snapshot()));
+        }
+    }
+}
+
+fn on_message(fleet: &mut Fleet, m: ControlMsg, done: &flume::Sender<Done>) -> bool {
+    let now = Instant::now();
+    match m {
+        ControlMsg::ConnectFailed(id) => {
+            if let Some(e) = fleet.get_mut(id) {
+                e.next_probe = e.next_probe.min(now);
+            }
+            start_due(fleet, now, done);
+            false
+        }
+        ControlMsg::Report { shard, outcomes, loads } => {
+            if let Some(l) = loads {
+                fleet.on_loads(shard, &l);
+            }
+            fleet.on_outcomes(&outcomes, now)
+        }
+        ControlMsg::Admin { req, reply } => {
+            let (answer, changed) = admin::handle(fleet, req, now);
+            match answer {
+                admin::Answer::Now(r) => {
+                    let _ = reply.try_send(r);
+                }
+                admin::Answer::Later(task) => {
+                    tokio::spawn(async move {
+                        let _ = reply.try_send(task.await);
+                    });
+                }
+            }
+            start_due(fleet, now, done);
+            changed
+        }
+    }
+}
+
+/// Spawns the health checks and load polls that are due.
+fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
+    let timeout = fleet.cfg.health_timeout;
+    let endpoint = fleet.cfg.health_endpoint.clone();
+    let load_every = fleet.cfg.load_interval;
+    let checks = fleet.cfg.health_checks;
+    for e in &mut fleet.entries {
+        if e.draining_since.is_some() {
+            continue;
+        }
+        if !e.probing && e.next_probe <= now {
+            e.probing = true;
+            let (id, url, done) = (e.id, e.base.clone(), done.clone());
+            let discover = !e.discovered;
+            let check = checks && !e.spec.health_disabled.unwrap_or(false);
+            let endpoint = endpoint.clone();
+            tokio::spawn(async move {
+                let r = check_worker(&url, &endpoint, check, discover, timeout).await;
+                let _ = done.send(Done::Probe(id, r));
+            });
+        }
+        if let Some(every) = load_every {
+            if e.next_load_poll <= now {
+                e.next_load_poll = now + every;
+                let (id, url, done) = (e.id, e.base.clone(), done.clone());
+                let rank = e.dp_rank;
+                tokio::spawn(async move {
+                    let load = probe::get(&url, "/v1/loads", timeout)
+                        .await
+                        .ok()
+                        .filter(|r| (200..300).contains(&r.status))
+                        .and_then(|r| crate::routing::parse_engine_load(&r.body, rank));
+                    let _ = done.send(Done::Load(id, load));
+                });
+            }
+        }
+    }
+}
+
+/// One health check: the endpoint (unless checks are off), then discovery until it has
+/// succeeded once.
+async fn check_worker(url: &WorkerUrl, endpoint: &str, check: bool, discover: bool, timeout: Duration) -> ProbeResult {
+    let passed = if check {
+        match probe::get(url, endpoint, timeout).await {
+            Ok(r) => (200..300).contains(&r.status),
+            // Our process is out of descriptors: that says nothing about the worker.
+            Err(e) if crate::io::is_resource_exhaustion(&e) => {
+                return ProbeResult { skipped: true, ..ProbeResult::default() }
+            }
+            Err(_) => false,
+        }
+    } else {
+        true
+    };
+    let discovery: Option<Discovery> = if passed && discover { probe::discover(url, timeout).await } else { None };
+    ProbeResult { passed, discovery, skipped: false }
+}

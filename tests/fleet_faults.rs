@@ -1,0 +1,210 @@
+//! Workers that fail, through the binary: a fleet of one faulty and one healthy simulated
+//! worker, 100 concurrent clients per case, both drivers, two shards. Every client gets a
+//! complete answer (retries land on the healthy worker) or, for a stream the dying worker
+//! was already sending, a cut stream from that worker; none waits past its bound; the
+//! circuit breaker opens and closes as configured, one state for both shards.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::sim::Sim;
+use support::*;
+
+const CLIENTS: usize = 100;
+
+struct Answer {
+    started: Instant,
+    took: Duration,
+    result: Result<Response, String>,
+}
+
+fn body(stream: bool, tokens: u32) -> String {
+    format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"max_tokens":{tokens},"stream":{stream}}}"#)
+}
+
+fn ask(port: u16, stream: bool, tokens: u32) -> Result<Response, String> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(post_bytes("/v1/chat/completions", &body(stream, tokens), &[]).as_bytes())
+        .map_err(|e| e.to_string())?;
+    read_response(&mut s, &mut Vec::new(), false).map_err(|e| e.to_string())
+}
+
+/// `CLIENTS` threads, each making `each` requests one after another.
+fn wave(port: u16, each: usize, stream: bool, tokens: u32) -> Vec<Answer> {
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..each)
+                    .map(|_| {
+                        let started = Instant::now();
+                        let result = ask(port, stream, tokens);
+                        Answer { started, took: started.elapsed(), result }
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+}
+
+fn complete(r: &Response, stream: bool) -> bool {
+    if r.status != 200 || !r.complete {
+        return false;
+    }
+    if stream {
+        r.text().contains("data: [DONE]")
+    } else {
+        sonic_rs::from_slice::<sonic_rs::Value>(&r.body).is_ok_and(|v| v["choices"].is_array())
+    }
+}
+
+/// Every answer complete, each within `bound`.
+fn all_complete(answers: &[Answer], stream: bool, bound: Duration, case: &str) {
+    let bad: Vec<String> = answers
+        .iter()
+        .filter(|a| !a.result.as_ref().is_ok_and(|r| complete(r, stream)) || a.took > bound)
+        .take(5)
+        .map(|a| match &a.result {
+            Ok(r) => format!("{} after {:?}: {}", r.status, a.took, r.text().chars().take(200).collect::<String>()),
+            Err(e) => format!("{e} after {:?}", a.took),
+        })
+        .collect();
+    assert!(bad.is_empty(), "{case}: {} of {} answers wrong, e.g. {bad:#?}", bad.len(), answers.len());
+}
+
+fn gateway(legacy: bool, bad: &Sim, good: &Sim, extra: &[&str]) -> Gateway {
+    let (b, g) = (bad.url(), good.url());
+    let mut args = vec!["--worker-urls", &b, &g, "--cores", "2", "--policy", "round_robin"];
+    args.extend_from_slice(extra);
+    let gw = Gateway::start(legacy, &args);
+    gw.ready_workers(2);
+    gw
+}
+
+/// The worker's entry in GET /workers.
+fn worker_info(gw: &Gateway, url: &str) -> sonic_rs::Value {
+    let list = get(gw.port, "/workers").json();
+    let found = list["workers"].as_array().unwrap().iter().find(|w| w["url"].as_str() == Some(url)).cloned();
+    found.unwrap_or_else(|| panic!("{url} not in GET /workers: {list:?}"))
+}
+
+fn breaker(gw: &Gateway, url: &str) -> String {
+    worker_info(gw, url)["circuit_breaker"]["state"].as_str().unwrap_or("?").to_string()
+}
+
+#[test]
+fn always_5xx_retries_on_the_healthy_worker_and_the_breaker_opens_then_closes() {
+    both_drivers(|legacy| {
+        let bad = Sim::start("m", &["--fail-rate", "1", "--fail-status", "500"]);
+        let good = Sim::start("m", &[]);
+        let gw = gateway(
+            legacy,
+            &bad,
+            &good,
+            &["--cb-failure-threshold", "5", "--cb-success-threshold", "2", "--cb-timeout-duration-secs", "2"],
+        );
+        all_complete(&wave(gw.port, 3, false, 4), false, Duration::from_secs(5), "5xx");
+        assert_eq!(breaker(&gw, &bad.url()), "open");
+        // One breaker for both shards: 100 new connections (spread over both) reach only
+        // the healthy worker.
+        let before = bad.served();
+        all_complete(&wave(gw.port, 2, false, 4), false, Duration::from_secs(5), "5xx, breaker open");
+        assert_eq!(bad.served(), before, "a request reached the worker whose breaker is open");
+        // Healed, it is let back on probation after the timeout and closes after 2 successes.
+        bad.control(r#"{"fail_rate":0}"#);
+        assert!(wait_until(patience(Duration::from_secs(6)), || breaker(&gw, &bad.url()) == "half_open"));
+        assert!(wait_until(patience(Duration::from_secs(6)), || {
+            let _ = ask(gw.port, false, 2);
+            breaker(&gw, &bad.url()) == "closed"
+        }));
+        let before = bad.served();
+        all_complete(&wave(gw.port, 1, false, 4), false, Duration::from_secs(5), "healed");
+        assert!(bad.served() > before, "a closed breaker takes traffic again");
+    });
+}
+
+#[test]
+fn a_worker_killed_mid_stream_cuts_only_its_own_streams() {
+    both_drivers(|legacy| {
+        let bad = Sim::start("m", &["--itl-ms", "10"]);
+        let good = Sim::start("m", &["--itl-ms", "10"]);
+        let gw = gateway(legacy, &bad, &good, &[]);
+        let port = gw.port;
+        let clients = std::thread::spawn(move || wave(port, 2, true, 30));
+        std::thread::sleep(Duration::from_millis(150));
+        let killed = Instant::now();
+        bad.die();
+        let answers = clients.join().unwrap();
+        let mut cut = 0;
+        for a in &answers {
+            let r = a.result.as_ref().unwrap_or_else(|e| panic!("no answer: {e}"));
+            if complete(r, true) {
+                continue;
+            }
+            cut += 1;
+            assert_eq!(r.status, 200, "only a stream already under way may end short: {}", r.text());
+            assert_eq!(r.header("x-smg-routed-worker-id"), Some(bad.url().as_str()), "cut by the healthy worker?");
+            assert!(a.started < killed, "a request sent after the kill was cut");
+        }
+        assert!(cut < answers.len() / 2, "{cut} of {} cut", answers.len());
+        all_complete(&wave(gw.port, 1, true, 5), true, Duration::from_secs(5), "after the kill");
+    });
+}
+
+#[test]
+fn a_worker_that_hangs_before_its_head_is_timed_out_and_retried() {
+    both_drivers(|legacy| {
+        let bad = Sim::start("m", &["--hang-rate", "1"]);
+        let good = Sim::start("m", &[]);
+        let gw = gateway(legacy, &bad, &good, &["--request-timeout-secs", "1", "--cb-failure-threshold", "3"]);
+        // One timeout (1 s) and a retry at most: the breaker opens after 3.
+        all_complete(&wave(gw.port, 2, false, 4), false, Duration::from_secs(4), "hang");
+        assert_eq!(breaker(&gw, &bad.url()), "open");
+    });
+}
+
+#[test]
+fn flapping_health_never_fails_a_request() {
+    both_drivers(|legacy| {
+        let bad = Sim::start("m", &["--flap-health-ms", "300"]);
+        let good = Sim::start("m", &[]);
+        let flags =
+            ["--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-success-threshold", "1"];
+        let gw = gateway(legacy, &bad, &good, &flags);
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            all_complete(&wave(gw.port, 1, false, 4), false, Duration::from_secs(5), "flapping");
+        }
+        assert!(wait_until(patience(Duration::from_secs(5)), || gw.log_has("is not_ready")), "{}", gw.log_text());
+        assert!(wait_until(patience(Duration::from_secs(5)), || gw.log_has("is ready")));
+    });
+}
+
+#[test]
+fn connection_refused_is_retried_and_opens_the_breaker() {
+    both_drivers(|legacy| {
+        let bad = Sim::start("m", &[]);
+        let good = Sim::start("m", &[]);
+        // Health checks would notice only in a minute: the breaker and retries must cover.
+        let gw = gateway(legacy, &bad, &good, &[]);
+        bad.die();
+        all_complete(&wave(gw.port, 2, false, 4), false, Duration::from_secs(5), "refused");
+        assert_eq!(breaker(&gw, &bad.url()), "open");
+    });
+}
+
+#[test]
+fn slow_accept_and_closing_keep_alive_still_answer_every_client() {
+    both_drivers(|legacy| {
+        let slow = Sim::start("m", &["--accept-delay-ms", "20"]);
+        let closing = Sim::start("m", &["--close-after-response"]);
+        let gw = gateway(legacy, &slow, &closing, &[]);
+        all_complete(&wave(gw.port, 3, false, 4), false, Duration::from_secs(10), "slow accept / closing");
+        all_complete(&wave(gw.port, 1, true, 8), true, Duration::from_secs(10), "streams");
+        assert!(slow.served() > 0 && closing.served() > 0, "both took traffic");
+    });
+}

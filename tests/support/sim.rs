@@ -1,0 +1,68 @@
+//! Simulated workers (smg-sim) in this test process: each on its own thread and port,
+//! driven through its HTTP control surface like a user drives the real binary.
+
+use std::net::TcpStream;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::{free_port, get, post, wait_until, Response};
+
+pub struct Sim {
+    pub port: u16,
+}
+
+impl Sim {
+    /// One simulated worker serving `model`, with extra smg-sim flags.
+    pub fn start(model: &str, flags: &[&str]) -> Sim {
+        let port = free_port();
+        let ports = port.to_string();
+        let mut argv = vec!["smg-sim", "--ports", &ports, "--model", model, "--threads", "1"];
+        argv.extend_from_slice(flags);
+        let args = smg_loadtest::sim::config::SimArgs::try_parse_from(argv).expect("smg-sim flags");
+        std::thread::spawn(move || {
+            let _ = smg_loadtest::sim::run(args);
+        });
+        assert!(
+            wait_until(Duration::from_secs(10), || TcpStream::connect(("127.0.0.1", port)).is_ok()),
+            "simulated worker on {port} did not start"
+        );
+        Sim { port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// POST /sim/control.
+    pub fn control(&self, json: &str) -> Response {
+        let r = post(self.port, "/sim/control", json, &[]);
+        assert_eq!(r.status, 200, "sim control {json}: {}", r.text());
+        r
+    }
+
+    pub fn stats(&self) -> sonic_rs::Value {
+        get(self.port, "/sim/stats").json()
+    }
+
+    /// Inference requests this worker has taken.
+    pub fn served(&self) -> u64 {
+        use sonic_rs::JsonValueTrait;
+        self.stats()["inference_requests"].as_u64().unwrap_or(0)
+    }
+
+    /// Kills the worker now: its port is closed and every connection cut, streams too.
+    pub fn die(&self) {
+        // The answer may not make it out before the connection is cut: not waited for.
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+            use std::io::Write;
+            let _ = s.write_all(super::post_bytes("/sim/control", r#"{"die":true}"#, &[]).as_bytes());
+            let _ = super::closed_within(&mut s, Duration::from_secs(5));
+        }
+        assert!(
+            wait_until(Duration::from_secs(5), || TcpStream::connect(("127.0.0.1", self.port)).is_err()),
+            "sim {} still accepts after die",
+            self.port
+        );
+    }
+}
