@@ -1,8 +1,10 @@
-//! smg-load entry point: `run` drives one target, `compare` runs targets side by side.
+//! smg-load entry point: `run` drives one target, `compare` runs targets side by side, `failover`
+//! times how fast the gateway stops routing to a dead worker.
 
 use clap::{Parser, Subcommand};
 
 use smg_loadtest::load::compare::{self, CompareArgs};
+use smg_loadtest::load::failover::{self, FailoverArgs};
 use smg_loadtest::load::run::{self, RunArgs};
 
 #[global_allocator]
@@ -22,6 +24,8 @@ enum Cmd {
     Run(RunArgs),
     /// Run one scenario against direct-to-simulator, smg, nginx and Python SMG, interleaved, and print ratios.
     Compare(CompareArgs),
+    /// Kill simulated workers behind smg under load and report how long until each is no longer routable.
+    Failover(FailoverArgs),
 }
 
 fn main() {
@@ -35,6 +39,7 @@ fn main() {
             }
         }),
         Cmd::Compare(args) => compare::run(&args),
+        Cmd::Failover(args) => failover::run(&args),
     };
     if let Err(e) = result {
         eprintln!("smg-load: {e}");

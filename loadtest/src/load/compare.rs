@@ -120,9 +120,17 @@ struct Target {
 }
 
 /// A started child process, stopped (SIGTERM, then SIGKILL) when dropped.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
     _dir: Option<TempDir>,
+}
+
+// === impl Proc ===
+
+impl Proc {
+    pub(crate) fn new(child: Child) -> Self {
+        Self { child, _dir: None }
+    }
 }
 
 impl Drop for Proc {
@@ -163,7 +171,7 @@ impl Drop for TempDir {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("free port: {e}"))?;
     l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
@@ -209,7 +217,7 @@ fn probe(addr: SocketAddr, req: &[u8]) -> Option<u16> {
     std::str::from_utf8(&buf[9..12]).ok()?.parse().ok()
 }
 
-fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within: Duration) -> Result<(), String> {
+pub(crate) fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within: Duration) -> Result<(), String> {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if let Ok(Some(st)) = child.try_wait() {
@@ -224,10 +232,7 @@ fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within: Duration)
 }
 
 fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
-    let bin = match &args.sim_bin {
-        Some(b) => b.clone(),
-        None => std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("smg-sim"),
-    };
+    let bin = sim_bin(args.sim_bin.as_deref())?;
     let mut cmd = pinned(args.load_core, &bin);
     let models = if scenario.models.is_empty() { vec![scenario.model.clone()] } else { scenario.models.clone() };
     for m in &models {
@@ -237,6 +242,19 @@ fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>)
     }
     cmd.arg("--cores").arg(args.load_core.to_string());
     cmd.args(args.sim_args.split_whitespace());
+    spawn_sim(cmd, &bin)
+}
+
+/// The smg-sim binary: the one given, else the one next to this executable.
+pub(crate) fn sim_bin(given: Option<&Path>) -> Result<PathBuf, String> {
+    match given {
+        Some(b) => Ok(b.to_path_buf()),
+        None => Ok(std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("smg-sim")),
+    }
+}
+
+/// Spawns a prepared smg-sim command and returns it with its ports, once it printed `ready`.
+pub(crate) fn spawn_sim(mut cmd: Command, bin: &Path) -> Result<(Proc, Vec<u16>), String> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -256,6 +274,7 @@ fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>)
     }
     if ports.is_empty() {
         let _ = child.kill();
+        let _ = child.wait();
         return Err("smg-sim did not start".into());
     }
     Ok((Proc { child, _dir: None }, ports))
@@ -341,19 +360,20 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The gateway binary: the one given, else $SMG_BIN, else target/release/smg of this workspace.
+pub(crate) fn gateway_bin(given: Option<&Path>) -> PathBuf {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("SMG_BIN").map(PathBuf::from))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/smg"))
+}
+
 fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Target>, String> {
     let mut out = Vec::new();
     for name in args.targets.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, name, bin) = match name {
             "direct" => (Kind::Direct, "direct", None),
-            "smg" => {
-                let bin = args.gateway_bin.clone().or_else(|| {
-                    std::env::var_os("SMG_BIN")
-                        .map(PathBuf::from)
-                        .or_else(|| Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/smg")))
-                });
-                (Kind::Smg, "smg", bin.filter(|b| b.is_file()))
-            }
+            "smg" => (Kind::Smg, "smg", Some(gateway_bin(args.gateway_bin.as_deref())).filter(|b| b.is_file())),
             "smg-base" => (Kind::Smg, "smg-base", args.base_bin.clone().filter(|b| b.is_file())),
             "nginx" => {
                 let bin = args
@@ -425,6 +445,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 parse_usage: true,
                 progress: false,
                 target_pids: proc_.as_ref().map(|p| vec![p.child.id()]).unwrap_or_default(),
+                stop: None,
             };
             let report = execute(&plan)?;
             drop(proc_);

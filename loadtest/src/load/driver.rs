@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,8 @@ pub struct ThreadPlan {
     pub timeout: Duration,
     pub parse_usage: bool,
     pub progress: Arc<Progress>,
+    /// Set by another thread to end an open-ended run (failover keeps load up while it works).
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 /// Per-thread run state.
@@ -69,6 +71,9 @@ impl Ctx {
     /// Claims the next request to send, or None when the run is over (time or count).
     pub fn claim(&self, at: Instant) -> Option<usize> {
         if self.stop_at.is_some_and(|s| at >= s) {
+            return None;
+        }
+        if self.plan.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
             return None;
         }
         let issued = self.issued.get();

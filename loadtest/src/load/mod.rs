@@ -1,10 +1,12 @@
-//! smg-load: open- and closed-loop HTTP/1.1 load generation with latency, TTFT and ITL histograms, and the side-by-side compare.
+//! smg-load: open- and closed-loop HTTP/1.1 load generation with latency, TTFT and ITL histograms, the side-by-side compare, and the failover timing.
 
+pub mod blocking;
 pub mod client;
 pub mod closed_loop;
 pub mod compare;
 pub mod cpu;
 pub mod driver;
+pub mod failover;
 pub mod open_loop;
 pub mod report;
 pub mod run;

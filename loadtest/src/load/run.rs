@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,8 @@ pub struct LoadPlan {
     pub parse_usage: bool,
     pub progress: bool,
     pub target_pids: Vec<u32>,
+    /// Ends the run when set (with neither `duration` nor `count` the run lasts until then).
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 /// Splits "http://host:port/path" into (host:port, optional path).
@@ -169,6 +171,7 @@ impl RunArgs {
             parse_usage: !self.no_usage,
             progress: self.progress || std::io::stderr().is_terminal(),
             target_pids: self.target_pids.clone(),
+            stop: None,
         })
     }
 }
@@ -192,6 +195,7 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
             timeout: plan.timeout,
             parse_usage: plan.parse_usage,
             progress: progress.clone(),
+            stop: plan.stop.clone(),
         };
         let mode = match plan.mode {
             Mode::Closed { concurrency } => Mode::Closed { concurrency: share(concurrency as u64).max(1) as usize },
