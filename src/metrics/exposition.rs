@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use super::shard::{Counts, Hist, RouterStats};
+use crate::workers::fleet::FleetStats;
 use crate::workers::Snapshot;
 
 /// The gauges a scrape reads besides the counts.
@@ -19,6 +20,44 @@ pub struct Gauges<'a> {
     pub admission: Option<(usize, usize)>,
     /// Trace spans dropped, all shards.
     pub spans_dropped: u64,
+    /// The control thread's figures (breakers, health checks); None if it did not answer.
+    pub fleet: Option<&'a FleetStats>,
+}
+
+/// Circuit breakers, health checks and overload, from the control thread.
+fn fleet_families(out: &mut String, f: &FleetStats) {
+    family(out, "smg_worker_cb_state", "gauge", "Circuit breaker state per worker (0=closed, 1=open, 2=half_open)");
+    for w in &f.workers {
+        let _ = writeln!(out, "smg_worker_cb_state{} {}", labels(&[("worker", &w.url)]), w.breaker.gauge());
+    }
+    family(out, "smg_worker_cb_transitions_total", "counter", "Circuit breaker state transitions per worker");
+    for (url, from, to, n) in &f.transitions {
+        let l = labels(&[("worker", url), ("from", from.as_str()), ("to", to.as_str())]);
+        let _ = writeln!(out, "smg_worker_cb_transitions_total{l} {n}");
+    }
+    family(out, "smg_worker_cb_outcomes_total", "counter", "Request outcomes recorded by the circuit breaker");
+    for w in &f.workers {
+        for (outcome, n) in [("success", w.successes), ("failure", w.failures)] {
+            let l = labels(&[("worker", &w.url), ("outcome", outcome)]);
+            let _ = writeln!(out, "smg_worker_cb_outcomes_total{l} {n}");
+        }
+    }
+    family(out, "smg_worker_cb_consecutive_failures", "gauge", "Consecutive failures counted by the breaker");
+    for w in &f.workers {
+        let _ = writeln!(out, "smg_worker_cb_consecutive_failures{} {}", labels(&[("worker", &w.url)]), w.consecutive);
+    }
+    family(out, "smg_worker_health_checks_total", "counter", "Health checks by worker_type and result");
+    for (result, n) in [("success", f.health_checks[0]), ("failure", f.health_checks[1])] {
+        let _ = writeln!(
+            out,
+            "smg_worker_health_checks_total{} {n}",
+            labels(&[("worker_type", "regular"), ("result", result)])
+        );
+    }
+    family(out, "smg_workers_overloaded", "gauge", "Workers currently flagged overloaded, by model");
+    for (model, n) in &f.overloaded {
+        let _ = writeln!(out, "smg_workers_overloaded{} {n}", labels(&[("model", model)]));
+    }
 }
 
 fn escape(v: &str) -> String {
@@ -251,6 +290,21 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     }
     family(
         &mut out,
+        "smg_worker_retries_exhausted_total",
+        "counter",
+        "Requests that failed after every retry attempt, by worker_type and endpoint",
+    );
+    let mut rx: Vec<_> = c.retries_exhausted.iter().collect();
+    rx.sort();
+    for (ep, n) in rx {
+        let l = labels(&[("worker_type", "regular"), ("endpoint", ep)]);
+        let _ = writeln!(out, "smg_worker_retries_exhausted_total{l} {n}");
+    }
+    if let Some(f) = g.fleet {
+        fleet_families(&mut out, f);
+    }
+    family(
+        &mut out,
         "smg_cache_aware_tree_chars",
         "gauge",
         "Characters or token ids held by the cache-aware trees, all shards",
@@ -308,6 +362,7 @@ mod tests {
             streaming: true,
             first_byte: Some(Duration::from_millis(3)),
             retries: 1,
+            retries_exhausted: false,
         };
         m.record(&Finished {
             method: "POST",
@@ -327,6 +382,7 @@ mod tests {
             routers: &[],
             admission: Some((0, 8)),
             spans_dropped: 0,
+            fleet: None,
         };
         let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");
         for line in [

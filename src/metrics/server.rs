@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::exposition::{render, Gauges};
 use super::shard::{Counts, ShardReport};
+use crate::workers::control::ControlMsg;
 use crate::workers::Registry;
 
 /// What a scrape needs from the running gateway.
@@ -15,6 +16,8 @@ pub struct Scraper {
     /// Asks shard i for its report; the report comes back on the given channel.
     pub ask: Vec<Box<dyn Fn(flume::Sender<ShardReport>) -> bool + Send>>,
     pub registry: Registry,
+    /// Asks the worker control thread for the fleet's figures.
+    pub control: flume::Sender<ControlMsg>,
     pub bounds: Vec<f64>,
     pub policy: String,
 }
@@ -50,7 +53,18 @@ impl Scraper {
             }
         }
         let snap = self.registry.load();
-        let g = Gauges { snapshot: &snap, inflight, worker_loads: &loads, routers: &routers, admission, spans_dropped };
+        let (tx, rx) = flume::bounded(1);
+        let asked = self.control.send(ControlMsg::Stats(tx)).is_ok();
+        let fleet = if asked { rx.recv_timeout(Duration::from_secs(1)).ok() } else { None };
+        let g = Gauges {
+            snapshot: &snap,
+            inflight,
+            worker_loads: &loads,
+            routers: &routers,
+            admission,
+            spans_dropped,
+            fleet: fleet.as_ref(),
+        };
         render(&counts, &g, &self.bounds, &self.policy)
     }
 }

@@ -153,6 +153,8 @@ pub struct Counts {
     pub worker_errors: Small<Label, u64>,
     /// endpoint → retries.
     pub retries: Small<Label, u64>,
+    /// endpoint → requests that failed with every attempt used.
+    pub retries_exhausted: Small<Label, u64>,
     pub access_log_dropped: u64,
 }
 
@@ -190,6 +192,9 @@ impl Counts {
         for (k, n) in o.retries.iter() {
             *self.retries.at(*k) += n;
         }
+        for (k, n) in o.retries_exhausted.iter() {
+            *self.retries_exhausted.at(*k) += n;
+        }
         self.access_log_dropped += o.access_log_dropped;
     }
 }
@@ -217,6 +222,8 @@ pub struct Routed<'a> {
     pub streaming: bool,
     pub first_byte: Option<Duration>,
     pub retries: u8,
+    /// It failed with every attempt `--retry-max-retries` allows used.
+    pub retries_exhausted: bool,
 }
 
 /// SMG's `error_type` of a status.
@@ -258,6 +265,9 @@ impl ShardMetrics {
         *c.upstream.at((f.status, f.error_code)) += 1;
         if r.retries > 0 {
             *c.retries.at(r.endpoint) += r.retries as u64;
+        }
+        if r.retries_exhausted {
+            *c.retries_exhausted.at(r.endpoint) += 1;
         }
         let s = c.router.at_name(r.model).at(r.endpoint);
         s.requests[usize::from(r.streaming)] += 1;

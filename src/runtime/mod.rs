@@ -224,6 +224,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let scraper = crate::metrics::server::Scraper {
             ask,
             registry: Arc::clone(&registry),
+            control: control.clone(),
             bounds: m.buckets.clone(),
             policy: cfg.routing.policy.as_str().to_string(),
         };

@@ -56,6 +56,8 @@ pub struct RequestCtx {
     pub chosen: Option<Chosen>,
     /// Upstream attempts made (the retry edge adds one).
     pub attempts: u8,
+    /// It failed with every attempt the retry policy allows used.
+    pub retries_exhausted: bool,
     pub timings: Timings,
     /// Request body bytes received; response bytes sent to the client.
     pub bytes_in: u64,
@@ -109,6 +111,7 @@ impl RequestCtx {
             model: None,
             chosen: None,
             attempts: 0,
+            retries_exhausted: false,
             timings: Timings { started: Instant::now(), upstream_started: None, upstream_head: None, first_byte: None },
             bytes_in: 0,
             bytes_out: 0,

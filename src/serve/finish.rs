@@ -188,9 +188,14 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
     };
     let retries = ctx.attempts.saturating_sub(1);
     let routed = match (model, endpoint) {
-        (Some(model), Some(endpoint)) => {
-            Some(Routed { model, endpoint, streaming: ctx.streaming, first_byte, retries })
-        }
+        (Some(model), Some(endpoint)) => Some(Routed {
+            model,
+            endpoint,
+            streaming: ctx.streaming,
+            first_byte,
+            retries,
+            retries_exhausted: ctx.retries_exhausted,
+        }),
         _ => None,
     };
     let method = head.map(|h| h.method.name()).unwrap_or("OTHER");

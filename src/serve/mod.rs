@@ -3,11 +3,15 @@
 //! ```text
 //!  head ─► classify ─► authorize ─► admit ─► body ─► inspect ─► pick ─► attempt ─► relay ─┐
 //!   │         │            │          │        │        │         │      │ ▲             │
-//!   │ 400     │ 404/405,   │ 401/403  │ 429/   │ 408/   │ 400     │ 404/ │ │ stale pooled │
-//!   │ 414     │ local      │          │ 503    │ 413/   │         │ 503  │ │ socket, no   │
-//!   │ 431     │ answers    │          │        │ 400    │         │      │ │ byte sent:   │
-//!   │ 501     │ (no body   │          │        │        │         │      │ └ retry fresh  │
-//!   │         │  read)     │          │        │        │         │      │   via pick     │
+//!   │ 400     │ 404/405,   │ 401/403  │ 429/   │ 408/   │ 400     │ 404/ │ │ no byte sent │
+//!   │ 414     │ local and  │          │ 503    │ 413/   │         │ 503  │ │ yet: a stale │
+//!   │ 431     │ control    │          │        │ 400    │         │      │ │ pooled socket│
+//!   │ 501     │ answers    │          │        │        │         │      │ │ (same worker,│
+//!   │         │            │          │        │        │         │      │ │ fresh conn), │
+//!   │         │            │          │        │        │         │      │ └ or a failure │
+//!   │         │            │          │        │        │         │      │   / retryable  │
+//!   │         │            │          │        │        │         │      │   status: pick │
+//!   │         │            │          │        │        │         │      │   again        │
 //!   ▼         ▼            ▼          ▼        ▼        ▼         ▼      ▼ 502/504        ▼
 //!  finish ◄───────────────────────────────────────────────────────────────────────────────┘
 //!   keep-alive ─► head        close ─► (linger) close
@@ -15,8 +19,8 @@
 //!
 //! Every edge ends in [`finish::finish`], the one exit. Pipelined requests are answered in
 //! order simply because each one is finished before the next head is parsed from the bytes
-//! left in the buffer. `authorize` and `admit` pass everything for now: API keys and
-//! admission limits plug in there, before the body is read.
+//! left in the buffer. `authorize` and `admit` run before the body is read. Every attempt's
+//! outcome goes to the shard for the workers' circuit breakers (`attempt` and `relay`).
 
 mod client;
 mod control;
@@ -269,7 +273,10 @@ async fn forward(
                 crate::debug!("request {}: worker {} answered {status}; retrying", ctx.id_str(), ctx.worker_url());
                 None
             }
-            Ok(answered) => return relay_response(shard, client, head, ctx, answered, up_head, watch).await,
+            Ok(answered) => {
+                ctx.retries_exhausted = retry::retryable_status(answered.head.status) && exhausted(shard, ctx);
+                return relay_response(shard, client, head, ctx, answered, up_head, watch).await;
+            }
             Err(AttemptError::Failed(Failure::Worker(e))) if e.stale_socket() && !fresh => {
                 // Its siblings in the pool were opened to the same worker process.
                 shard.forget_conns(id);
@@ -286,6 +293,7 @@ async fn forward(
         };
         if let Some(e) = failure {
             if !may_retry(shard, ctx) {
+                ctx.retries_exhausted = exhausted(shard, ctx);
                 return Outcome::Failed(Failure::Worker(e));
             }
             crate::debug!("request {}: worker {}: {}; retrying", ctx.id_str(), ctx.worker_url(), e.cause);
@@ -297,6 +305,11 @@ async fn forward(
         let unit = (shard.next_random() >> 11) as f64 / (1u64 << 53) as f64;
         sleep(policy.backoff(u32::from(ctx.attempts) + 1, unit)).await;
     }
+}
+
+/// Retries are on and this request used every attempt.
+fn exhausted(shard: &Shard, ctx: &RequestCtx) -> bool {
+    shard.cfg().retry.is_some_and(|p| u32::from(ctx.attempts) >= p.max_attempts)
 }
 
 /// Another attempt is allowed: retries are on and the request has attempts left.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::admin::{self, AdminReply, AdminRequest};
 use super::breaker::Verdict;
-use super::fleet::{Discovery, Fleet, FleetConfig, ProbeResult, WorkerSpec};
+use super::fleet::{Discovery, Fleet, FleetConfig, FleetStats, ProbeResult, WorkerSpec};
 use super::probe;
 use super::{Registry, WorkerId, WorkerUrl};
 
@@ -25,6 +25,8 @@ pub enum ControlMsg {
     Report { shard: usize, outcomes: Vec<(WorkerId, Verdict)>, loads: Option<Arc<[usize]>> },
     /// An admin API request; the answer goes back on `reply`.
     Admin { req: AdminRequest, reply: flume::Sender<AdminReply> },
+    /// The metrics listener wants the fleet's figures.
+    Stats(flume::Sender<FleetStats>),
 }
 
 /// Tasks of the loop → the loop.
@@ -104,6 +106,10 @@ fn on_message(fleet: &mut Fleet, m: ControlMsg, done: &flume::Sender<Done>) -> b
                 fleet.on_loads(shard, &l);
             }
             fleet.on_outcomes(&outcomes, now)
+        }
+        ControlMsg::Stats(reply) => {
+            let _ = reply.try_send(fleet.stats());
+            false
         }
         ControlMsg::Admin { req, reply } => {
             let (answer, changed) = admin::handle(fleet, req, now);

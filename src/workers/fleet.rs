@@ -182,13 +182,36 @@ pub struct Fleet {
     pub entries: Vec<Entry>,
     next_id: u32,
     generation: u64,
+    /// Breaker transitions so far: (worker, from, to) → count.
+    transitions: Vec<(String, BreakerState, BreakerState, u64)>,
+    /// Health checks made: passed, failed.
+    health_checks: [u64; 2],
+}
+
+/// What the metrics listener shows of the fleet.
+#[derive(Debug, Clone, Default)]
+pub struct FleetStats {
+    pub workers: Vec<WorkerStats>,
+    pub transitions: Vec<(String, BreakerState, BreakerState, u64)>,
+    pub health_checks: [u64; 2],
+    /// model → overloaded workers.
+    pub overloaded: Vec<(String, usize)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerStats {
+    pub url: String,
+    pub breaker: BreakerState,
+    pub consecutive: u32,
+    pub successes: u64,
+    pub failures: u64,
 }
 
 // === impl Fleet ===
 
 impl Fleet {
     pub fn new(cfg: FleetConfig) -> Self {
-        Fleet { cfg, entries: Vec::new(), next_id: 0, generation: 0 }
+        Fleet { cfg, entries: Vec::new(), next_id: 0, generation: 0, transitions: Vec::new(), health_checks: [0; 2] }
     }
 
     fn fresh_id(&mut self) -> WorkerId {
@@ -281,6 +304,10 @@ impl Fleet {
         }
         let checked = e.health_checked(&cfg);
         let passed = r.passed && e.discovered;
+        if checked {
+            self.health_checks[usize::from(!passed)] += 1;
+        }
+        let Some(e) = self.get_mut(id) else { return false };
         let changed = if checked {
             e.health.record(passed, &cfg.thresholds)
         } else if e.discovered {
@@ -344,8 +371,11 @@ impl Fleet {
             let Some(e) = self.get_mut(id) else { continue };
             e.processed += 1;
             let Some(cfg) = &breaker else { continue };
+            let from = e.breaker.state();
             if let Some(s) = e.breaker.record(v, cfg, now) {
                 log_breaker(e, s);
+                let url = e.url.url.clone();
+                count_transition(&mut self.transitions, url, from, s);
                 changed = true;
             }
         }
@@ -386,8 +416,10 @@ impl Fleet {
         let mut changed = false;
         if let Some(cfg) = self.cfg.breaker {
             for e in &mut self.entries {
+                let from = e.breaker.state();
                 if let Some(s) = e.breaker.poll(&cfg, now) {
                     log_breaker(e, s);
+                    count_transition(&mut self.transitions, e.url.url.clone(), from, s);
                     changed = true;
                 }
             }
@@ -449,6 +481,33 @@ impl Fleet {
         true
     }
 
+    pub fn stats(&self) -> FleetStats {
+        let mut overloaded: Vec<(String, usize)> = Vec::new();
+        for e in self.entries.iter().filter(|e| e.overloaded) {
+            let m = e.model.clone().unwrap_or_default();
+            match overloaded.iter_mut().find(|(x, _)| *x == m) {
+                Some((_, n)) => *n += 1,
+                None => overloaded.push((m, 1)),
+            }
+        }
+        FleetStats {
+            workers: self
+                .entries
+                .iter()
+                .map(|e| WorkerStats {
+                    url: e.url.url.clone(),
+                    breaker: e.breaker.state(),
+                    consecutive: e.breaker.consecutive_failures(),
+                    successes: e.breaker.total_successes,
+                    failures: e.breaker.total_failures,
+                })
+                .collect(),
+            transitions: self.transitions.clone(),
+            health_checks: self.health_checks,
+            overloaded,
+        }
+    }
+
     /// The Snapshot shards route from.
     pub fn snapshot(&mut self) -> Snapshot {
         self.generation += 1;
@@ -466,6 +525,18 @@ impl Fleet {
             })
             .collect();
         Snapshot::new(self.generation, workers)
+    }
+}
+
+fn count_transition(
+    t: &mut Vec<(String, BreakerState, BreakerState, u64)>,
+    url: String,
+    from: BreakerState,
+    to: BreakerState,
+) {
+    match t.iter_mut().find(|(u, f, x, _)| *u == url && *f == from && *x == to) {
+        Some(row) => row.3 += 1,
+        None => t.push((url, from, to, 1)),
     }
 }
 
