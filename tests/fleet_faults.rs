@@ -240,3 +240,18 @@ fn slow_accept_and_closing_keep_alive_still_answer_every_client() {
         assert!(slow.served() > 0 && closing.served() > 0, "both took traffic");
     });
 }
+
+#[test]
+fn a_response_broken_before_its_first_byte_is_retried_elsewhere() {
+    both_drivers(|legacy| {
+        let rogue = support::rogue::RogueWorker::start("m", support::rogue::Mode::BadFirstChunk);
+        let good = Sim::start("m", &[]);
+        let (r, g) = (rogue.url(), good.url());
+        let gw = Gateway::start(legacy, &["--worker-urls", &r, &g, "--cores", "2", "--policy", "round_robin"]);
+        gw.ready_workers(2);
+        // The head arrived, then a chunk that is not one: nothing went to the client yet, so
+        // the request may still go to the healthy worker.
+        all_complete(&wave(gw.port, 2, false, 4), false, Duration::from_secs(5), "bad first chunk");
+        assert!(rogue.state.posts.load(std::sync::atomic::Ordering::SeqCst) > 0, "the rogue worker was never tried");
+    });
+}

@@ -829,7 +829,18 @@ fn pooled_reuse_survives_per_request_faults() {
         let mut gw = gateway(
             legacy,
             &w.url(),
-            &["--cores", "1", "--upstream-read-timeout-secs", "1", "--request-timeout-secs", "5"],
+            // One attempt per request: each scripted fault must meet exactly one request, so
+            // retries and the breaker (tests/fleet_faults.rs) stay out of this one.
+            &[
+                "--cores",
+                "1",
+                "--upstream-read-timeout-secs",
+                "1",
+                "--request-timeout-secs",
+                "5",
+                "--disable-retries",
+                "--disable-circuit-breaker",
+            ],
         );
         let port = gw.port;
         let body = |tag: &str, case: &FaultCase| {

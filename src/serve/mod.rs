@@ -275,7 +275,13 @@ async fn forward(
             }
             Ok(answered) => {
                 ctx.retries_exhausted = retry::retryable_status(answered.head.status) && exhausted(shard, ctx);
-                return relay_response(shard, client, head, ctx, answered, up_head, watch).await;
+                match relay_response(shard, client, head, ctx, answered, std::mem::take(&mut up_head), watch).await {
+                    Ok(o) => return o,
+                    Err((e, spare)) => {
+                        up_head = spare;
+                        Some(e)
+                    }
+                }
             }
             Err(AttemptError::Failed(Failure::Worker(e))) if e.stale_socket() && !fresh => {
                 // Its siblings in the pool were opened to the same worker process.

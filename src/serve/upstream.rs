@@ -198,7 +198,9 @@ pub async fn attempt(
 }
 
 /// Phase: relay. Streams the response whose head is in `conn.buf` and pools the connection
-/// when the response ended cleanly on a connection the worker keeps open.
+/// when the response ended cleanly on a connection the worker keeps open. Err: the worker
+/// failed before a byte reached the client (its outcome is recorded), with the head buffer
+/// back for another attempt.
 pub async fn relay_response(
     shard: &Shard,
     client: &mut Client,
@@ -207,7 +209,7 @@ pub async fn relay_response(
     answered: Answered,
     spare: Vec<u8>,
     watch: bool,
-) -> Outcome {
+) -> Result<Outcome, (WorkerError, Vec<u8>)> {
     let Answered { mut conn, head: rhead } = answered;
     let chosen = ctx.chosen.as_ref().expect("pick ran");
     let worker = chosen.worker();
@@ -222,20 +224,22 @@ pub async fn relay_response(
     // The first byte's time is taken only when something reads it (metrics, the access log,
     // traces): a clock read per request is not free.
     let mut stats = RelayStats { timed: shard.accounting(), ..RelayStats::default() };
-    let (end, _) = relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
+    let (end, spare) =
+        relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
     let verdict = if let RelayEnd::Worker { .. } = end { Verdict::Failure } else { Verdict::of_status(rhead.status) };
     shard.record_outcome(worker.id, verdict);
     match end {
         RelayEnd::Done { reusable: true } => shard.put_conn(worker.id, conn),
         RelayEnd::Worker { why, sent: false } => {
+            // Nothing reached the client: the retry edge may still take it elsewhere.
             let e = WorkerError { cause: WorkerCause::BadBody(why), reused: conn.reused, sent: false };
-            return Outcome::Failed(Failure::Worker(e));
+            return Err((e, spare));
         }
         RelayEnd::ClientGone => {
             crate::debug!("request {}: client left; closing worker connection", ctx.id_str());
-            return Outcome::ClientGone;
+            return Ok(Outcome::ClientGone);
         }
         _ => {}
     }
-    Outcome::Relayed { end, stats }
+    Ok(Outcome::Relayed { end, stats })
 }
