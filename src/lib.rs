@@ -11,6 +11,7 @@ pub mod log;
 pub mod access_log;
 pub mod admission;
 pub mod api;
+pub mod budget;
 pub mod civil;
 pub mod config;
 pub mod contract;
