@@ -2,4 +2,5 @@
 //! path): a reservation before dispatch, settled against the worker's reported usage, exact
 //! across shards through leases from one budget owner, and across replicas through Redis.
 
+pub mod redis_store;
 pub mod store;
