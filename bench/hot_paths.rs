@@ -70,6 +70,26 @@ fn benches(c: &mut Criterion) {
         })
     });
 
+    // Tenant budgets: every event of a stream passes the usage scan, read by read; 20 events
+    // each read alone, then the usage event (the work per event is the figure to read).
+    let events: Vec<Vec<u8>> = (0..20)
+        .map(|i| {
+            format!("data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" tok{i}\"}},\"finish_reason\":null}}]}}\n\n").into_bytes()
+        })
+        .chain(std::iter::once(
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":20,\"total_tokens\":29}}\n\n".to_vec(),
+        ))
+        .collect();
+    c.bench_function("usage scan (21 SSE events, one read each)", |b| {
+        b.iter(|| {
+            let mut u = smg::http::usage::UsageScan { on: true, ..Default::default() };
+            for e in &events {
+                u.feed(black_box(e));
+            }
+            assert_eq!(u.total(), Some(29));
+        })
+    });
+
     for (name, model_first, size) in
         [("2KB model-first", true, 1500), ("2KB messages-first", false, 1500), ("200KB messages-first", false, 200_000)]
     {

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::access_log::{AccessLog, Entry};
 use crate::admission::permits::{PermitMsg, Permits};
+use crate::budget::shard::ShardBudgets;
 use crate::config::Config;
 use crate::http::date::{DateCache, LEN as DATE_LEN};
 use crate::http::pool::{Pool, UpstreamConn};
@@ -135,6 +136,8 @@ pub struct Shard {
     access: AccessLog,
     heartbeats: Heartbeats,
     traces: Option<ShardTraces>,
+    /// Tenant budgets: this shard's leased allowances (None: no tenant rate limits).
+    budgets: Option<Rc<ShardBudgets>>,
 }
 
 /// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
@@ -148,6 +151,8 @@ pub struct Peers {
     pub heartbeats: Heartbeats,
     /// The trace exporter (None: tracing off).
     pub traces: Option<flume::Sender<Vec<SpanRecord>>>,
+    /// The tenant budget owner (None: no tenant rate limits).
+    pub budget_owner: Option<flume::Sender<crate::budget::owner::BudgetMsg>>,
 }
 
 // === impl Shard ===
@@ -190,6 +195,10 @@ impl Shard {
             access: AccessLog::new(peers.access_log, cfg.log_json),
             heartbeats: peers.heartbeats,
             traces: peers.traces.map(ShardTraces::new),
+            budgets: match (&cfg.budgets, peers.budget_owner) {
+                (Some(b), Some(owner)) => Some(Rc::new(ShardBudgets::new(Arc::clone(b), owner, cfg.cores))),
+                _ => None,
+            },
             cfg,
         }
     }
@@ -237,6 +246,7 @@ impl Shard {
             worker_loads: self.loads.borrow().own.clone(),
             router: self.router.borrow().stats(),
             spans_dropped: self.traces.as_ref().map_or(0, |t| t.dropped()),
+            budget: self.budgets.as_ref().map(|b| b.counts.get()),
             admission: self.permits.as_ref().map(|p| {
                 let p = p.borrow();
                 (p.queued(), p.free())
@@ -245,6 +255,10 @@ impl Shard {
     }
 
     /// This shard's admission permits, when admission is limited.
+    pub fn budgets(&self) -> Option<&Rc<ShardBudgets>> {
+        self.budgets.as_ref()
+    }
+
     pub fn permits(&self) -> Option<&Rc<RefCell<Permits>>> {
         self.permits.as_ref()
     }
@@ -481,6 +495,9 @@ impl Shard {
         self.gossip();
         self.report_to_control(true);
         self.prune_pool();
+        if let Some(b) = &self.budgets {
+            b.tick();
+        }
         let dropped = self.access.flush();
         self.count_dropped(dropped);
         if let Some(t) = &self.traces {

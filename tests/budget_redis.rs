@@ -5,89 +5,12 @@
 mod support;
 
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use smg::budget::redis_store::RedisStore;
 use smg::budget::store::*;
+use support::redis_server::RedisServer;
 use support::*;
-
-// === Fixture ===
-
-/// A `redis-server` of this test's own (no persistence), killed on drop.
-struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl RedisServer {
-    fn start() -> Self {
-        Self::start_on(free_port())
-    }
-
-    fn start_on(port: u16) -> Self {
-        let dir = std::env::temp_dir().join(format!("smg-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut s = RedisServer { child: None, port, dir };
-        s.spawn();
-        s
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is not installed (.ci/run installs the Debian package)");
-        self.child = Some(child);
-        let port = self.port;
-        assert!(wait_until(patience(Duration::from_secs(10)), || pong(port)), "redis-server never answered PING");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().unwrap().id() as i32
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            // A stopped server must still die.
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
-        }
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn pong(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut buf = [0u8; 7];
-    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-}
 
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap()

@@ -76,6 +76,13 @@ impl ApiError {
         Self::new(501, "unsupported_transfer_coding", "Transfer-Encoding other than chunked is not implemented")
     }
 
+    /// A tenant's token or request budget cannot fit the request now (`Retry-After`: whole
+    /// seconds until it can), or ever (no `Retry-After`).
+    pub fn tenant_rate_limited(retry_after_secs: Option<u64>) -> Self {
+        let e = Self::new(429, "tenant_rate_limit_exceeded", "Tenant rate limit exceeded for this request");
+        Self { retry_after: retry_after_secs.map(|s| s.min(u16::MAX as u64) as u16), ..e }
+    }
+
     pub fn admission_queue_full() -> Self {
         let e = Self::new(
             429,

@@ -157,14 +157,10 @@ impl LocalStore {
         }
     }
 
-    /// Forgets buckets that have refilled completely: a new one starts full anyway.
-    pub fn sweep(&mut self, limits: impl Fn(&str) -> Option<ScopeLimits>, now: Instant) {
-        self.buckets.retain(|k, b| {
-            let Some(l) = limits(k) else { return false };
-            let mut c = *b;
-            c.refill(&l, now);
-            c.tokens < l.tokens_per_minute as f64 || c.requests < l.requests_per_minute as f64
-        });
+    /// Forgets buckets untouched for `idle` (a minute refills any bucket: a new one, full,
+    /// is the same).
+    pub fn sweep_idle(&mut self, now: Instant, idle: std::time::Duration) {
+        self.buckets.retain(|_, b| now.saturating_duration_since(b.at) < idle);
     }
 }
 

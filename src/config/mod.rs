@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use crate::admission::auth::AuthConfig;
 use crate::admission::AdmissionConfig;
+use crate::budget::config::BudgetConfig;
 use crate::contract::Aliases;
 use crate::log::LogLevel;
 use crate::retry::RetryPolicy;
 use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
 use crate::workers::fleet::FleetConfig;
 use crate::workers::WorkerUrl;
+use std::sync::Arc;
 
 mod workers;
 pub use workers::WorkerArgs;
@@ -211,6 +213,17 @@ pub struct LaunchArgs {
     /// Write the log (and the access log) to daily files DIR/smg.YYYY-MM-DD instead of stderr.
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<std::path::PathBuf>,
+    /// Per-tenant token and request budgets (SMG's tenant rate limiting), on every
+    /// inference endpoint.
+    #[arg(long)]
+    pub tenant_rate_limit_enabled: bool,
+    /// The budgets' YAML (SMG's schema). A file that cannot be read or validated is logged
+    /// at error level and the gateway starts without budgets, as SMG does.
+    #[arg(long, value_name = "PATH")]
+    pub tenant_rate_limit_config: Option<std::path::PathBuf>,
+    /// Share tenant budgets with every replica through this Redis (redis://host:port).
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
 }
 
 /// What the configuration needs to know about the machine it runs on.
@@ -268,6 +281,11 @@ pub struct Config {
     /// None: metrics off (`--prometheus-port 0`).
     pub metrics: Option<MetricsConfig>,
     pub log_dir: Option<std::path::PathBuf>,
+    /// Tenant budgets, when enabled and their file loaded.
+    pub budgets: Option<Arc<BudgetConfig>>,
+    pub redis_url: Option<String>,
+    /// Problems found while configuring that do not stop the start (logged once the log runs).
+    pub startup_errors: Vec<String>,
     /// The OTLP collector, with --enable-trace.
     pub trace_endpoint: Option<String>,
 }
@@ -408,6 +426,26 @@ impl LaunchArgs {
             None => host.default_max_connections(),
         };
         header_names("--request-id-headers", &self.request_id_headers)?;
+        let mut startup_errors = Vec::new();
+        let budgets = match (self.tenant_rate_limit_enabled, &self.tenant_rate_limit_config) {
+            (false, _) => None,
+            (true, None) => {
+                startup_errors.push("--tenant-rate-limit-enabled without --tenant-rate-limit-config; starting without tenant rate limits".into());
+                None
+            }
+            (true, Some(path)) => match BudgetConfig::load(path) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    startup_errors.push(format!("--tenant-rate-limit-config {e}; starting without tenant rate limits"));
+                    None
+                }
+            },
+        };
+        if let Some(u) = &self.redis_url {
+            if !u.starts_with("redis://") {
+                return Err(format!("--redis-url: '{u}' is not a redis:// URL"));
+            }
+        }
         Ok(Config {
             workers,
             listen: SocketAddr::new(ip, self.port),
@@ -440,6 +478,9 @@ impl LaunchArgs {
             admission: self.admission_config()?,
             metrics: self.metrics_config()?,
             log_dir: self.log_dir.clone(),
+            budgets: budgets.map(Arc::new),
+            redis_url: self.redis_url.clone(),
+            startup_errors,
             trace_endpoint: self.enable_trace.then(|| {
                 let e = self.otlp_traces_endpoint.trim();
                 e.strip_prefix("http://").unwrap_or(e).trim_end_matches('/').to_string()

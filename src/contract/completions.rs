@@ -10,6 +10,7 @@ pub struct Completion<'a> {
     pub doc: Doc<'a>,
     pub model: usize,
     pub s: Sampling,
+    pub max_tokens: Option<u32>,
 }
 
 pub fn read(doc: Doc<'_>) -> Result<Completion<'_>> {
@@ -85,7 +86,7 @@ pub fn read(doc: Doc<'_>) -> Result<Completion<'_>> {
     if s.stream && best_of.is_some() {
         return Err(ContractError::rule("best_of is not supported when stream is enabled"));
     }
-    Ok(Completion { doc, model, s })
+    Ok(Completion { doc, model, s, max_tokens })
 }
 
 /// A string, or an array of prompts: strings, token ids, or arrays of token ids.

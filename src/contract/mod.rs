@@ -88,6 +88,10 @@ pub struct Inspection {
     /// Canonical (alias-resolved) model id, used for routing.
     pub model: String,
     pub stream: bool,
+    /// Most output tokens the request allows per choice (`max_completion_tokens`, else
+    /// `max_tokens`), and its choices (`n`): a token budget's estimate reads them.
+    pub max_output: Option<u32>,
+    pub choices: u32,
     /// Sorted, non-overlapping; empty when the body is forwarded as received.
     pub edits: Vec<Splice>,
     /// Things worth one log line for this request (e.g. dropped foreign-profile fields).
@@ -139,7 +143,14 @@ fn inspect_chat(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspection, Con
         edits.replace_with_string(&chat.doc, v, &chat::decimal(&chat.doc, v));
     }
     profile.rewrite(&chat, &mut edits, &mut warnings);
-    Ok(Inspection { model, stream: chat.s.stream, edits: edits.finish(), warnings })
+    Ok(Inspection {
+        model,
+        stream: chat.s.stream,
+        max_output: chat.max_completion_tokens.or(chat.max_tokens),
+        choices: chat.s.n.unwrap_or(1).max(1),
+        edits: edits.finish(),
+        warnings,
+    })
 }
 
 fn inspect_completion(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspection, ContractError> {
@@ -147,7 +158,14 @@ fn inspect_completion(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspectio
     let mut edits = Edits::default();
     let name = c.doc.str(c.model);
     let model = resolve_model(&c.doc, c.model, &name, aliases, &mut edits);
-    Ok(Inspection { model, stream: c.s.stream, edits: edits.finish(), warnings: Vec::new() })
+    Ok(Inspection {
+        model,
+        stream: c.s.stream,
+        max_output: c.max_tokens,
+        choices: c.s.n.unwrap_or(1).max(1),
+        edits: edits.finish(),
+        warnings: Vec::new(),
+    })
 }
 
 /// The canonical model; an alias also gets a splice over the `model` string token.

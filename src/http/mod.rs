@@ -11,3 +11,4 @@ pub mod pool;
 pub mod relay;
 pub mod respond;
 pub mod response_head;
+pub mod usage;

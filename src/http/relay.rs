@@ -58,6 +58,8 @@ pub struct RelayStats {
     pub close_delimited: bool,
     /// Take `first_byte` (the caller wants it).
     pub timed: bool,
+    /// The worker's reported usage, when asked for (`usage.on`).
+    pub usage: super::usage::UsageScan,
 }
 
 /// How the relay ended.
@@ -254,6 +256,7 @@ pub async fn relay(
         Ok(t) => t,
         Err(why) => return (RelayEnd::Worker { why, sent: false }, out),
     };
+    stats.usage.feed(&up.buf[start..start + first.used]);
     let extra_bytes = start + first.used < up.buf.len();
     let written = if left.passes_through() {
         let buf = std::mem::take(&mut up.buf);
@@ -419,6 +422,7 @@ async fn forward_read(
         Err(why) => return Some(RelayEnd::Worker { why, sent: true }),
     };
     *extra |= used < n;
+    stats.usage.feed(&up.buf[..used]);
     let res = if left.passes_through() {
         let (res, buf) = write_range(client, std::mem::take(&mut up.buf), 0, used).await;
         up.buf = buf;

@@ -20,6 +20,8 @@ pub struct Gauges<'a> {
     pub admission: Option<(usize, usize)>,
     /// Trace spans dropped, all shards.
     pub spans_dropped: u64,
+    /// Tenant budgets, all shards (None: off).
+    pub budget: Option<crate::budget::shard::BudgetCounts>,
     /// The control thread's figures (breakers, health checks); None if it did not answer.
     pub fleet: Option<&'a FleetStats>,
 }
@@ -303,6 +305,16 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     if let Some(f) = g.fleet {
         fleet_families(&mut out, f);
     }
+    if let Some(b) = g.budget {
+        family(&mut out, "smg_tenant_rate_limit_total", "counter", "Tenant budget reservations by result");
+        for (result, n) in [("admitted", b.admitted), ("rejected", b.denied)] {
+            let _ = writeln!(out, "smg_tenant_rate_limit_total{} {n}", labels(&[("result", result)]));
+        }
+        family(&mut out, "smg_tenant_budget_messages_total", "counter", "Shard messages to the budget owner by kind");
+        for (kind, n) in [("lease", b.leases), ("report", b.reports)] {
+            let _ = writeln!(out, "smg_tenant_budget_messages_total{} {n}", labels(&[("kind", kind)]));
+        }
+    }
     family(
         &mut out,
         "smg_cache_aware_tree_chars",
@@ -382,6 +394,7 @@ mod tests {
             routers: &[],
             admission: Some((0, 8)),
             spans_dropped: 0,
+            budget: None,
             fleet: None,
         };
         let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");

@@ -34,11 +34,19 @@ impl Scraper {
         let mut routers = Vec::new();
         let mut admission: Option<(usize, usize)> = None;
         let mut spans_dropped = 0;
+        let mut budget: Option<crate::budget::shard::BudgetCounts> = None;
         for _ in 0..asked {
             let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
             counts.merge(&r.counts);
             routers.push(r.router);
             spans_dropped += r.spans_dropped;
+            if let Some(b) = r.budget {
+                let t = budget.get_or_insert_with(Default::default);
+                t.admitted += b.admitted;
+                t.denied += b.denied;
+                t.leases += b.leases;
+                t.reports += b.reports;
+            }
             if let Some((q, f)) = r.admission {
                 let a = admission.get_or_insert((0, 0));
                 a.0 += q;
@@ -63,6 +71,7 @@ impl Scraper {
             routers: &routers,
             admission,
             spans_dropped,
+            budget,
             fleet: fleet.as_ref(),
         };
         render(&counts, &g, &self.bounds, &self.policy)

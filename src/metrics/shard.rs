@@ -306,6 +306,8 @@ pub struct ShardReport {
     pub admission: Option<(usize, usize)>,
     /// Spans dropped because the trace exporter fell behind (tracing on).
     pub spans_dropped: u64,
+    /// Tenant budgets, when on.
+    pub budget: Option<crate::budget::shard::BudgetCounts>,
 }
 
 #[cfg(test)]

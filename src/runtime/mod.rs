@@ -144,6 +144,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     // up (SMG logs each request at info).
     let writer = crate::log::start_writer();
     let access_log = crate::log::enabled(crate::log::LogLevel::Info).then_some(writer);
+    for e in &cfg.startup_errors {
+        crate::error!("{e}");
+    }
+    let budget_owner = cfg.budgets.is_some().then(|| crate::budget::owner::start(cfg.redis_url.clone()));
     let activated = if inherited.is_empty() { systemd::listen_fds() } else { inherited };
     let traces = cfg.trace_endpoint.clone().map(crate::trace::exporter::start);
     let heartbeats = Heartbeats::new(cfg.cores);
@@ -157,6 +161,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             access_log: access_log.clone(),
             heartbeats: heartbeats.clone(),
             traces: traces.clone(),
+            budget_owner: budget_owner.clone(),
         };
         let shard_cfg = ShardStart {
             index,

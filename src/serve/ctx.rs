@@ -9,6 +9,7 @@ use smg_wire::num::put_hex_width;
 use crate::admission::auth::Tenant;
 use crate::admission::Permit;
 use crate::api::Route;
+use crate::budget::shard::Reservation;
 use crate::http::head::RequestHead;
 use crate::shard::{InflightGuard, LoadGuard, LocalSnapshot, Shard};
 use crate::trace::SpanIds;
@@ -52,6 +53,12 @@ pub struct RequestCtx {
     pub tenant: Option<Tenant>,
     /// The admission permit, held until `finish` drops the context.
     pub permit: Option<Permit>,
+    /// The tenant budget's reservation, settled by `finish` (dropped unsettled: the
+    /// estimate stands).
+    pub reservation: Option<Reservation>,
+    /// Most output tokens per choice, and choices, as the contract read them.
+    pub max_output: Option<u32>,
+    pub choices: u32,
     pub model: Option<String>,
     pub chosen: Option<Chosen>,
     /// Upstream attempts made (the retry edge adds one).
@@ -108,6 +115,9 @@ impl RequestCtx {
             route: None,
             tenant: None,
             permit: None,
+            reservation: None,
+            max_output: None,
+            choices: 1,
             model: None,
             chosen: None,
             attempts: 0,

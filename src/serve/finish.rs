@@ -78,6 +78,13 @@ pub async fn finish(
         Outcome::Control(r) => answer(shard, client, head, &mut ctx, Answer::Control(r)).await,
         Outcome::Failed(f) => answer(shard, client, head, &mut ctx, Answer::Failure(f)).await,
         Outcome::Relayed { end, stats } => {
+            // The budget is trued up to what the worker says it used; with no figure (or a
+            // failed answer) the reservation's estimate stands.
+            if let (Some(r), Some(used)) = (ctx.reservation.take(), stats.usage.total()) {
+                if (200..300).contains(&ctx.status) && matches!(end, RelayEnd::Done { .. }) {
+                    r.settle(used);
+                }
+            }
             ctx.timings.first_byte = stats.first_byte;
             ctx.bytes_out = stats.bytes;
             if let RelayEnd::Worker { why, .. } = &end {

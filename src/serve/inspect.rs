@@ -33,6 +33,8 @@ pub fn inspect(
     }
     ctx.model = Some(ins.model);
     ctx.streaming = ins.stream;
+    ctx.max_output = ins.max_output;
+    ctx.choices = ins.choices;
     // Splices on the original bytes; no edits means no copy.
     if ins.edits.is_empty() {
         Ok(body)

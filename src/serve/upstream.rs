@@ -224,6 +224,7 @@ pub async fn relay_response(
     // The first byte's time is taken only when something reads it (metrics, the access log,
     // traces): a clock read per request is not free.
     let mut stats = RelayStats { timed: shard.accounting(), ..RelayStats::default() };
+    stats.usage.on = ctx.reservation.is_some();
     let (end, spare) =
         relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
     let verdict = if let RelayEnd::Worker { .. } = end { Verdict::Failure } else { Verdict::of_status(rhead.status) };

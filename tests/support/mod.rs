@@ -2,6 +2,7 @@
 //! HTTP/1.1 client. Every test builds its own world on ephemeral ports.
 #![allow(dead_code)]
 pub mod admit;
+pub mod redis_server;
 pub mod rogue;
 pub mod sim;
 
