@@ -26,6 +26,8 @@ use super::store::{Delta, LeaseAnswer, LeaseAsk, ScopeLimits};
 
 /// Longest wait for a lease; past it the request is admitted (the owner is stuck: fail open).
 const LEASE_WITHIN: Duration = Duration::from_secs(1);
+/// Tenants whose scopes a shard keeps made.
+const SCOPE_CACHE_MAX: usize = 4096;
 /// A lease asks for this fraction of the scope's per-minute budget beyond the request's need.
 const CHUNK_DIVISOR: u64 = 400;
 
@@ -48,6 +50,8 @@ pub struct ShardBudgets {
     allowances: RefCell<HashMap<Rc<str>, Allowance>>,
     /// Settles since the last tick.
     pending: RefCell<Vec<Delta>>,
+    /// Tenant → its scopes, for policies without model rules.
+    scope_cache: RefCell<HashMap<Rc<str>, Rc<[Scope]>>>,
     pub counts: std::cell::Cell<BudgetCounts>,
 }
 
@@ -72,7 +76,7 @@ struct Scope {
 /// unsettled (dropped), the estimate stands as the charge.
 pub struct Reservation {
     budgets: Rc<ShardBudgets>,
-    scopes: Vec<Scope>,
+    scopes: Rc<[Scope]>,
     estimate: u64,
 }
 
@@ -92,15 +96,28 @@ impl ShardBudgets {
             shards: shards.max(1) as u64,
             allowances: RefCell::new(HashMap::new()),
             pending: RefCell::new(Vec::new()),
+            scope_cache: RefCell::new(HashMap::new()),
             counts: std::cell::Cell::new(BudgetCounts::default()),
         }
     }
 
-    fn scopes(&self, tenant: &str, model: &str) -> Vec<Scope> {
+    /// The scopes a request of `tenant` for `model` debits. A policy without model rules
+    /// depends on the tenant alone: its scopes are made once per tenant and shared, so a
+    /// request allocates nothing here.
+    fn scopes(&self, tenant: &str, model: &str) -> Rc<[Scope]> {
+        if let Some(s) = self.scope_cache.borrow().get(tenant) {
+            return Rc::clone(s);
+        }
         let p = self.cfg.policy(tenant);
         let mut v = vec![Scope { key: Rc::from(tenant), limits: p.limits }];
         if let Some(r) = p.rule_for(model) {
             v.push(Scope { key: Rc::from(format!("{tenant}#{}", r.id)), limits: r.limits });
+        }
+        let v: Rc<[Scope]> = Rc::from(v);
+        let mut cache = self.scope_cache.borrow_mut();
+        // Bounded: a trusted tenant header can name any number of tenants.
+        if p.rules.is_empty() && cache.len() < SCOPE_CACHE_MAX {
+            cache.insert(Rc::clone(&v[0].key), Rc::clone(&v));
         }
         v
     }
@@ -233,7 +250,7 @@ impl Reservation {
         // its estimate is debt for the owner, sent with the tick.
         let mut a = self.budgets.allowances.borrow_mut();
         let mut p = self.budgets.pending.borrow_mut();
-        for s in &self.scopes {
+        for s in self.scopes.iter() {
             match a.get_mut(&s.key) {
                 Some(x) if delta < 0 => x.tokens += delta.unsigned_abs(),
                 _ => p.push(Delta { key: s.key.to_string(), limits: s.limits, tokens: delta, requests: 0 }),

@@ -305,12 +305,16 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     if let Some(f) = g.fleet {
         fleet_families(&mut out, f);
     }
+    // Tenant budgets: the families are always declared (a dashboard's queries stay valid),
+    // their series exist when budgets are on.
+    family(&mut out, "smg_tenant_rate_limit_total", "counter", "Tenant budget reservations by result");
     if let Some(b) = g.budget {
-        family(&mut out, "smg_tenant_rate_limit_total", "counter", "Tenant budget reservations by result");
         for (result, n) in [("admitted", b.admitted), ("rejected", b.denied)] {
             let _ = writeln!(out, "smg_tenant_rate_limit_total{} {n}", labels(&[("result", result)]));
         }
-        family(&mut out, "smg_tenant_budget_messages_total", "counter", "Shard messages to the budget owner by kind");
+    }
+    family(&mut out, "smg_tenant_budget_messages_total", "counter", "Shard messages to the budget owner by kind");
+    if let Some(b) = g.budget {
         for (kind, n) in [("lease", b.leases), ("report", b.reports)] {
             let _ = writeln!(out, "smg_tenant_budget_messages_total{} {n}", labels(&[("kind", kind)]));
         }
