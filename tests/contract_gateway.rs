@@ -87,6 +87,18 @@ fn alias_and_profile_rewrites_are_splices() {
         assert_eq!(seen, body.replace("\"short\"", "\"org/canonical\""));
         // Aliases are not listed.
         assert!(!get(gw.port, "/v1/models").text().contains("short"));
+        // Every serving route resolves aliases, the canonical id spliced in; an unknown
+        // model is 404 model_not_found there too.
+        for path in ["/v1/embeddings", "/v1/rerank", "/v1/classify", "/v1/responses", "/v1/messages", "/v1/tokenize"] {
+            let body = r#"{"input":"x",  "model": "short","extra":{"model":"short"}}"#;
+            let r = post(gw.port, path, body, &[]);
+            assert_eq!(r.status, 200, "{path}: {}", r.text());
+            let seen = String::from_utf8(w.requests().pop().unwrap().body).unwrap();
+            assert_eq!(seen, r#"{"input":"x",  "model": "org/canonical","extra":{"model":"short"}}"#, "{path}");
+            let r = post(gw.port, path, r#"{"model":"nope","input":"x"}"#, &[]);
+            assert_eq!(r.status, 404, "{path}");
+            assert_eq!(r.json()["error"]["code"].as_str(), Some("model_not_found"), "{path}");
+        }
         // Kimi: streaming requests get include_usage unless they set it.
         let body = r#"{"model":"moonshotai/Kimi-K2-Instruct","messages":[{"role":"user","content":"hi"}],"stream":true,"fake":"sse","events":1}"#;
         let r = post(gw.port, "/v1/chat/completions", body, &[]);

@@ -1013,3 +1013,30 @@ fn a_panicking_request_costs_only_itself() {
         assert!(gw.alive());
     });
 }
+
+#[test]
+fn a_response_over_the_payload_cap_is_refused_or_cut() {
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let gw = Gateway::start(legacy, &["--worker-urls", &w.url(), "--max-payload-size", "100000"]);
+        gw.ready_workers(1);
+        // Declared over the cap: the gateway can still say so.
+        let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x","fake":"big","bytes":200000}"#, &[]);
+        assert_eq!(r.status, 502, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("upstream_response_too_large"));
+        assert_eq!(w.requests().len(), 1, "not retried: another worker would answer the same");
+        // Within the cap: whole.
+        let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x","fake":"big","bytes":90000}"#, &[]);
+        assert_eq!((r.status, r.body.len()), (200, 90000));
+        // Chunked, so only known once it is over: cut, the connection closed, logged.
+        let body = r#"{"model":"m","prompt":"x","fake":"big","bytes":300000,"chunked":true}"#;
+        let mut s = gw.connect();
+        s.write_all(post_bytes("/v1/completions", body, &[]).as_bytes()).unwrap();
+        let r = read_response(&mut s, &mut Vec::new(), false).unwrap();
+        assert_eq!(r.status, 200);
+        assert!(!r.complete && r.body.len() <= 100000 + 16384, "{} bytes, complete {}", r.body.len(), r.complete);
+        assert!(gw.log_has("over --max-payload-size"), "{}", gw.log_text());
+        // The gateway goes on.
+        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).status, 200);
+    });
+}

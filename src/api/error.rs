@@ -117,6 +117,14 @@ impl ApiError {
         Self::new(502, "upstream_error", format!("Worker {worker} failed: {what}"))
     }
 
+    pub fn upstream_too_large(worker: &str, len: u64, max: usize) -> Self {
+        Self::new(
+            502,
+            "upstream_response_too_large",
+            format!("Worker {worker} answered with {len} bytes, over --max-payload-size ({max})"),
+        )
+    }
+
     pub fn upstream_timeout(worker: &str) -> Self {
         Self::new(504, "upstream_timeout", format!("Worker {worker} sent no response within --request-timeout-secs"))
     }

@@ -60,6 +60,10 @@ pub struct RelayStats {
     pub timed: bool,
     /// The worker's reported usage, when asked for (`usage.on`).
     pub usage: super::usage::UsageScan,
+    /// Body bytes relayed so far, and the most allowed (`--max-payload-size` for a
+    /// non-streaming response; past it the response is cut).
+    pub body: u64,
+    pub cap: Option<u64>,
 }
 
 /// How the relay ended.
@@ -257,6 +261,7 @@ pub async fn relay(
         Err(why) => return (RelayEnd::Worker { why, sent: false }, out),
     };
     stats.usage.feed(&up.buf[start..start + first.used]);
+    stats.body = first.used as u64;
     let extra_bytes = start + first.used < up.buf.len();
     let written = if left.passes_through() {
         let buf = std::mem::take(&mut up.buf);
@@ -422,6 +427,10 @@ async fn forward_read(
         Err(why) => return Some(RelayEnd::Worker { why, sent: true }),
     };
     *extra |= used < n;
+    stats.body += used as u64;
+    if stats.cap.is_some_and(|cap| stats.body > cap) {
+        return Some(RelayEnd::Worker { why: "response body over --max-payload-size; cut", sent: true });
+    }
     stats.usage.feed(&up.buf[..used]);
     let res = if left.passes_through() {
         let (res, buf) = write_range(client, std::mem::take(&mut up.buf), 0, used).await;

@@ -33,6 +33,11 @@ pub enum WorkerCause {
     HeadTimeout,
     /// The body's framing broke before anything reached the client.
     BadBody(&'static str),
+    /// A non-streaming response declared a body over `--max-payload-size`.
+    TooLarge {
+        len: u64,
+        max: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -52,6 +57,12 @@ impl WorkerError {
     /// A reused connection that failed before the worker said anything was most likely
     /// closed by the worker while pooled: the request never reached it, and a fresh
     /// connection may carry it safely.
+    /// Another worker would not do better (the answer itself is refused): no retry, and no
+    /// mark against the worker's breaker.
+    pub fn final_answer(&self) -> bool {
+        matches!(self.cause, WorkerCause::TooLarge { .. })
+    }
+
     pub fn stale_socket(&self) -> bool {
         self.reused && !self.sent && matches!(self.cause, WorkerCause::Write(_) | WorkerCause::ClosedBeforeHead(_))
     }
@@ -106,6 +117,7 @@ impl std::fmt::Display for WorkerCause {
             WorkerCause::ClosedBeforeHead(e) => write!(f, "closed before responding: {e}"),
             WorkerCause::BadHead(why) | WorkerCause::BadBody(why) => f.write_str(why),
             WorkerCause::HeadTimeout => f.write_str("no response head within --request-timeout-secs"),
+            WorkerCause::TooLarge { len, max } => write!(f, "response of {len} bytes over --max-payload-size {max}"),
         }
     }
 }
@@ -129,6 +141,7 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
         Failure::Worker(w) => match &w.cause {
             WorkerCause::Connect(e) => ApiError::upstream_connect(worker, e),
             WorkerCause::HeadTimeout => ApiError::upstream_timeout(worker),
+            WorkerCause::TooLarge { len, max } => ApiError::upstream_too_large(worker, *len, *max),
             cause => ApiError::upstream_failed(worker, &cause.to_string()),
         },
         Failure::Internal(InternalError::NoDescriptors(e)) => {

@@ -23,8 +23,13 @@ pub fn inspect(
     let received = body.bytes(buf);
     ctx.bytes_in = received.len() as u64;
     let Some(schema) = spec.schema else {
-        ctx.model = lazy_model(received);
-        return Ok(body);
+        let (model, alias) = lazy_model(received, &shard.cfg().aliases);
+        ctx.model = model;
+        // An alias is spliced over the `model` string, as the modeled endpoints do.
+        return Ok(match alias {
+            Some(edit) => Body::Owned(contract::apply(received, &[edit])),
+            None => body,
+        });
     };
     let ins =
         contract::inspect(schema, received, head.content_type_json, &shard.cfg().aliases).map_err(Failure::Invalid)?;
@@ -44,8 +49,22 @@ pub fn inspect(
 }
 
 /// For endpoints without a modeled schema: only `model`, with a lazy get (DESIGN.md measured
-/// ~0.2 µs when it comes early in the body). The relay needs no `stream` flag because it
-/// forwards whatever framing the worker answers with.
-fn lazy_model(body: &[u8]) -> Option<String> {
-    sonic_rs::get(body, &["model"]).ok().and_then(|v| v.as_str().map(str::to_owned))
+/// ~0.2 µs when it comes early in the body), resolved through `--model-alias`; an alias
+/// comes back with the splice that puts the canonical id in its place. The relay needs no
+/// `stream` flag because it forwards whatever framing the worker answers with.
+fn lazy_model(body: &[u8], aliases: &contract::Aliases) -> (Option<String>, Option<contract::Splice>) {
+    let Ok(v) = sonic_rs::get(body, &["model"]) else { return (None, None) };
+    let Some(name) = v.as_str() else { return (None, None) };
+    let Some(canonical) = (!aliases.is_empty()).then(|| aliases.resolve(name)).flatten() else {
+        return (Some(name.to_owned()), None);
+    };
+    // Where the raw string token sits in the body (the lazy value borrows it).
+    let raw = v.as_raw_str().as_bytes();
+    let start = (raw.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+    let edit = (start + raw.len() <= body.len() && body.get(start..start + raw.len()) == Some(raw)).then(|| {
+        let mut text = Vec::with_capacity(canonical.len() + 2);
+        smg_wire::json::put_str(&mut text, canonical);
+        contract::Splice { start, end: start + raw.len(), text }
+    });
+    (Some(canonical.to_owned()), edit)
 }

@@ -311,6 +311,9 @@ async fn forward(
                 fresh = true;
                 continue;
             }
+            Err(AttemptError::Failed(Failure::Worker(e))) if e.final_answer() => {
+                return Outcome::Failed(Failure::Worker(e));
+            }
             Err(AttemptError::Failed(Failure::Worker(e))) => {
                 shard.record_outcome(id, AttemptVerdict::Failure);
                 Some(e)

@@ -16,7 +16,7 @@ use crate::http::head::RequestHead;
 use crate::http::pool::{self, UpstreamConn};
 use crate::http::relay::{relay, RelayEnd, RelayLimits, RelayStats};
 use crate::http::respond::{header_line, Stamp};
-use crate::http::response_head::{read_response_head, HeadError, ResponseHead};
+use crate::http::response_head::{read_response_head, HeadError, ResponseBody, ResponseHead};
 use crate::io::{is_resource_exhaustion, Writev2};
 use crate::shard::Shard;
 use crate::trace::SpanIds;
@@ -187,6 +187,12 @@ pub async fn attempt(
             if shard.accounting() {
                 ctx.timings.upstream_head = Some(Instant::now());
             }
+            let max = shard.cfg().max_payload_size;
+            if let (ResponseBody::Length { len }, false) = (h.body, ctx.streaming) {
+                if len > max as u64 {
+                    return Err(WorkerError::new(WorkerCause::TooLarge { len, max }, reused).into());
+                }
+            }
             ctx.status = h.status;
             Ok(Answered { conn, head: h })
         }
@@ -225,6 +231,8 @@ pub async fn relay_response(
     // traces): a clock read per request is not free.
     let mut stats = RelayStats { timed: shard.accounting(), ..RelayStats::default() };
     stats.usage.on = ctx.reservation.is_some();
+    // A streamed response is as long as the generation; any other is held to the cap.
+    stats.cap = (!ctx.streaming).then_some(shard.cfg().max_payload_size as u64);
     let (end, spare) =
         relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
     let verdict = if let RelayEnd::Worker { .. } = end { Verdict::Failure } else { Verdict::of_status(rhead.status) };

@@ -423,6 +423,35 @@ fn inference(s: &mut TcpStream, body: &[u8], st: &WorkerState, flight: &Flight) 
             reply(s, 200, "application/json", format!(r#"{{"sha":"{sha}"}}"#).as_bytes(), &[]);
             false
         }
+        // A body of `bytes` bytes, declared (Content-Length) or chunked in 8 KB chunks.
+        "big" => {
+            flight.leave();
+            let n = v["bytes"].as_u64().unwrap_or(1 << 20) as usize;
+            let chunk = vec![b'x'; 8192];
+            if v["chunked"].as_bool() == Some(true) {
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+                let mut ok = s.write_all(head.as_bytes()).is_ok();
+                let mut left = n;
+                while ok && left > 0 {
+                    let k = left.min(chunk.len());
+                    ok = s.write_all(format!("{k:x}\r\n").as_bytes()).is_ok()
+                        && s.write_all(&chunk[..k]).is_ok()
+                        && s.write_all(b"\r\n").is_ok();
+                    left -= k;
+                }
+                ok && s.write_all(b"0\r\n\r\n").is_ok()
+            } else {
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n\r\n");
+                let mut ok = s.write_all(head.as_bytes()).is_ok();
+                let mut left = n;
+                while ok && left > 0 {
+                    let k = left.min(chunk.len());
+                    ok = s.write_all(&chunk[..k]).is_ok();
+                    left -= k;
+                }
+                ok
+            }
+        }
         "sse" | "die" => {
             let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nX-SMG-Error-Code: worker-said\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n";
             if s.write_all(head.as_bytes()).is_err() {
