@@ -7,6 +7,7 @@ use std::time::Instant;
 use smg_wire::num::put_hex_width;
 
 use crate::admission::auth::Tenant;
+use crate::admission::priority::Slot;
 use crate::admission::Permit;
 use crate::api::Route;
 use crate::http::head::RequestHead;
@@ -52,6 +53,9 @@ pub struct RequestCtx {
     pub tenant: Option<Tenant>,
     /// The admission permit, held until `finish` drops the context.
     pub permit: Option<Permit>,
+    /// The priority scheduler's slot (instead of `permit`), likewise; it also says whether
+    /// the request was preempted.
+    pub slot: Option<Slot>,
     pub model: Option<String>,
     pub chosen: Option<Chosen>,
     /// Upstream attempts made (the retry edge adds one).
@@ -108,6 +112,7 @@ impl RequestCtx {
             route: None,
             tenant: None,
             permit: None,
+            slot: None,
             model: None,
             chosen: None,
             attempts: 0,
