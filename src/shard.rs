@@ -264,7 +264,8 @@ impl Shard {
     pub fn on_permit_message(&self, msg: PermitMsg) {
         match msg {
             PermitMsg::Sched(m) => {
-                if let Some(s) = &self.scheduler {
+                // Judged against the current capacity, as the sender's was.
+                if let Some(s) = self.scheduler() {
                     s.borrow_mut().on_message(m);
                 }
             }

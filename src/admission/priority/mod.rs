@@ -27,11 +27,16 @@
 //!   the most urgent of this shard's waiters and debts: first a starving head (older than
 //!   its class's `starvation_threshold_secs`, lowest class first, reservations ignored),
 //!   then by class from `system` down (a waiter before a debt of the same class).
-//! - Preemption (classes with `can_preempt`): a request that cannot be admitted marks one
-//!   in-flight request of a lower class that has not sent its first byte (the lowest
-//!   class, newest first) on this shard; with none here, it asks the one peer whose last
-//!   report shows lower-class requests in flight (`Want{preempt}`), which preempts one of
-//!   its own. At most one victim per preemptor. The victim's task is woken, drops its
+//!   A slot lent out of a class's unused reservation takes that reservation with it.
+//!   A waiter served (or gone) tells the peers it asked, which forget its debt; a grant
+//!   names the waiter it is for, so a slot given to a starving waiter goes to it. A grant
+//!   that crosses a cancel becomes a spare slot where it lands (the only inexactness: the
+//!   reservations of the shard it left may then be short by that slot until one moves back).
+//! - Preemption (classes with `can_preempt`): a request that cannot be admitted, once every
+//!   peer has answered its want `Busy` (no slot it may use anywhere), marks one in-flight
+//!   request of a lower class that has not sent its first byte (the lowest class, newest
+//!   first) on this shard; with none here, it asks the one peer whose last report shows
+//!   lower-class requests in flight (`Want{preempt}`), which preempts one of its own. At most one victim per preemptor. The victim's task is woken, drops its
 //!   upstream attempt (the worker connection closes, the engine aborts) and answers 503;
 //!   its slot, freed where the request context drops in `finish`, goes to the preemptor.
 
@@ -57,6 +62,12 @@ enum Wait {
 }
 
 struct Waiter {
+    ticket: u64,
+    /// Peers were asked for a slot for it (they are told when it needs none any more).
+    wanted: Cell<bool>,
+    /// Peers that have not answered its want; when all said busy, it preempts.
+    pending: Cell<usize>,
+    preempt: Cell<bool>,
     class: Class,
     since: Instant,
     state: Cell<Wait>,
@@ -100,6 +111,7 @@ impl Held {
 
 struct Debt {
     from: usize,
+    ticket: u64,
     class: Class,
     since: Instant,
 }
@@ -126,6 +138,7 @@ pub struct Scheduler {
     held: Vec<Option<Rc<Held>>>,
     vacant: Vec<usize>,
     next_peer: usize,
+    next_ticket: u64,
 }
 
 /// The outcome of asking for a slot.
@@ -180,6 +193,7 @@ impl Scheduler {
             held: Vec::new(),
             vacant: Vec::new(),
             next_peer: 0,
+            next_ticket: 0,
             cfg,
         };
         s.reserved = s.split_reservations(capacity);
@@ -212,6 +226,12 @@ impl Scheduler {
         self.cap += new as isize - old as isize;
         self.capacity = c;
         self.reserved = self.split_reservations(c);
+        if self.me == 0 {
+            crate::info!(
+                "priority scheduler: capacity {c} slots, reserved {:?} (bulk..system)",
+                self.cfg.reservations(c)
+            );
+        }
         self.dispatch();
     }
 
@@ -263,15 +283,35 @@ impl Scheduler {
             return Admission::Full;
         }
         let now = Instant::now();
-        let waiter = Rc::new(Waiter { class, since: now, state: Cell::new(Wait::Queued), waker: Cell::new(None) });
+        s.next_ticket += 1;
+        let ticket = s.next_ticket;
+        let waiter = Rc::new(Waiter {
+            ticket,
+            wanted: Cell::new(false),
+            pending: Cell::new(0),
+            preempt: Cell::new(false),
+            class,
+            since: now,
+            state: Cell::new(Wait::Queued),
+            waker: Cell::new(None),
+        });
         s.queues[class.index()].push_back(Rc::clone(&waiter));
-        let preempt = s.cfg.class(class).can_preempt && !s.preempt_local(class);
-        let preempt_at = if preempt { s.preempt_peer(class) } else { None };
-        if s.available_to(class, false) <= 0 || preempt_at.is_some() {
-            let from = s.me;
-            for (i, peer) in &s.peers {
-                let preempt = preempt_at == Some(*i);
-                let _ = peer.send(PermitMsg::Sched(SchedMsg::Want { from, class, since: now, preempt }));
+        if s.available_to(class, false) <= 0 {
+            // Preempt only when no peer has a slot this class may use: first ask them all.
+            let can_preempt = s.cfg.class(class).can_preempt;
+            if s.peers.is_empty() {
+                if can_preempt {
+                    s.preempt_local(class);
+                }
+            } else {
+                waiter.wanted.set(true);
+                waiter.preempt.set(can_preempt);
+                waiter.pending.set(s.peers.len());
+                let from = s.me;
+                for (_, peer) in &s.peers {
+                    let _ =
+                        peer.send(PermitMsg::Sched(SchedMsg::Want { from, ticket, class, since: now, preempt: false }));
+                }
             }
         }
         drop(s);
@@ -359,16 +399,45 @@ impl Scheduler {
                 if starved {
                     crate::debug!("priority scheduler: a starving {} request promoted", class.as_str());
                 }
-                self.own[class.index()] += 1;
-                w.state.set(Wait::Granted);
-                if let Some(k) = w.waker.take() {
-                    k.wake();
-                }
+                self.grant(&w);
             } else {
                 let i = self.debts.iter().position(|d| d.class == class).expect("debt");
                 let d = self.debts.remove(i).expect("debt");
-                self.cap -= 1;
-                self.send(d.from, SchedMsg::Grant);
+                self.lend(d.from, d.ticket);
+            }
+        }
+    }
+
+    /// Moves a free slot to a peer. A slot that was some class's unused reservation (the
+    /// lowest such class: a class may use the reservations of those below it) takes that
+    /// reservation along, so the shards' reservations still sum to R.
+    fn lend(&mut self, to: usize, ticket: u64) {
+        let unused = |s: &Self, c: Class| s.reserved[c.index()].saturating_sub(s.own[c.index()]);
+        let unreserved =
+            self.cap - self.used() as isize - Class::ALL.iter().map(|c| unused(self, *c)).sum::<usize>() as isize;
+        let reserved = if unreserved > 0 { None } else { Class::ALL.into_iter().find(|c| unused(self, *c) > 0) };
+        if let Some(c) = reserved {
+            self.reserved[c.index()] -= 1;
+        }
+        self.cap -= 1;
+        self.send(to, SchedMsg::Grant { ticket, reserved });
+    }
+
+    /// Gives a queued waiter its slot.
+    fn grant(&mut self, w: &Waiter) {
+        self.own[w.class.index()] += 1;
+        w.state.set(Wait::Granted);
+        self.cancel_wants(w);
+        if let Some(k) = w.waker.take() {
+            k.wake();
+        }
+    }
+
+    fn cancel_wants(&self, w: &Waiter) {
+        if w.wanted.replace(false) {
+            let (from, ticket) = (self.me, w.ticket);
+            for (_, tx) in &self.peers {
+                let _ = tx.send(PermitMsg::Sched(SchedMsg::Cancel { from, ticket }));
             }
         }
     }
@@ -382,21 +451,45 @@ impl Scheduler {
     /// Applies a peer's message.
     pub fn on_message(&mut self, msg: SchedMsg) {
         match msg {
-            SchedMsg::Want { from, class, since, preempt } => {
+            SchedMsg::Want { from, ticket, class, since, preempt } => {
                 if self.available_to(class, false) > 0 {
-                    self.cap -= 1;
-                    self.send(from, SchedMsg::Grant);
+                    self.lend(from, ticket);
                     return;
                 }
-                self.debts.push_back(Debt { from, class, since });
                 if preempt {
                     self.preempt_local(class);
+                } else {
+                    self.debts.push_back(Debt { from, ticket, class, since });
+                    self.send(from, SchedMsg::Busy { ticket });
                 }
             }
-            SchedMsg::Grant => {
+            SchedMsg::Grant { ticket, reserved } => {
                 self.cap += 1;
-                self.dispatch();
+                if let Some(c) = reserved {
+                    self.reserved[c.index()] += 1;
+                }
+                // The slot was given for that waiter (perhaps starving, past reservations):
+                // it goes to it, else to whoever is most urgent here.
+                let w =
+                    self.queues.iter().flatten().find(|w| w.ticket == ticket && w.state.get() == Wait::Queued).cloned();
+                match w {
+                    Some(w) => self.grant(&w),
+                    None => self.dispatch(),
+                }
             }
+            SchedMsg::Busy { ticket } => {
+                let w =
+                    self.queues.iter().flatten().find(|w| w.ticket == ticket && w.state.get() == Wait::Queued).cloned();
+                let Some(w) = w else { return };
+                w.pending.set(w.pending.get().saturating_sub(1));
+                if w.pending.get() == 0 && w.preempt.replace(false) && !self.preempt_local(w.class) {
+                    if let Some(peer) = self.preempt_peer(w.class) {
+                        let (from, class, since) = (self.me, w.class, w.since);
+                        self.send(peer, SchedMsg::Want { from, ticket, class, since, preempt: true });
+                    }
+                }
+            }
+            SchedMsg::Cancel { from, ticket } => self.debts.retain(|d| d.from != from || d.ticket != ticket),
             SchedMsg::Counts { from, counts } => {
                 if let Some(c) = self.peer_counts.get_mut(from) {
                     *c = counts;
@@ -494,6 +587,7 @@ impl Drop for Ticket {
         if self.waiter.state.replace(Wait::Left) == Wait::Granted {
             s.release(self.waiter.class);
         } else {
+            s.cancel_wants(&self.waiter);
             s.prune();
         }
     }
