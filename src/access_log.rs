@@ -17,6 +17,8 @@ const FLUSH_AT: usize = 64 * 1024;
 pub struct Entry<'a> {
     pub request_id: &'a [u8],
     pub tenant: &'a str,
+    /// The priority class ("" without the scheduler).
+    pub priority: &'a str,
     pub method: &'a str,
     pub path: &'a [u8],
     pub model: &'a str,
@@ -127,8 +129,9 @@ fn text_line(out: &mut Vec<u8>, e: &Entry<'_>) {
     timestamp(out);
     out.extend_from_slice(b" INFO  request request_id=");
     text_value(out, e.request_id);
-    let fields: [(&[u8], &[u8]); 6] = [
+    let fields: [(&[u8], &[u8]); 7] = [
         (b" tenant=", e.tenant.as_bytes()),
+        (b" priority=", e.priority.as_bytes()),
         (b" method=", e.method.as_bytes()),
         (b" path=", e.path),
         (b" model=", e.model.as_bytes()),
@@ -164,6 +167,7 @@ fn json_line(out: &mut Vec<u8>, e: &Entry<'_>) {
     smg_wire::json::put_str(out, &String::from_utf8_lossy(e.request_id));
     for (k, v) in [
         ("tenant", e.tenant),
+        ("priority", e.priority),
         ("method", e.method),
         ("path", &String::from_utf8_lossy(e.path)),
         ("model", e.model),
@@ -205,6 +209,7 @@ mod tests {
         Entry {
             request_id: b"chatcmpl-1",
             tenant: "auth:red",
+            priority: "interactive",
             method: "POST",
             path: b"/v1/chat/completions",
             model: "m x",
@@ -225,7 +230,7 @@ mod tests {
         let mut t = Vec::new();
         text_line(&mut t, &entry());
         let t = String::from_utf8(t).unwrap();
-        assert!(t.ends_with(" INFO  request request_id=chatcmpl-1 tenant=auth:red method=POST path=/v1/chat/completions model=m?x worker=http://127.0.0.1:1 error_code=- status=200 bytes_in=10 bytes_out=20 duration_us=1234 upstream_us=90 ttfb_us=99 retries=0\n"), "{t}");
+        assert!(t.ends_with(" INFO  request request_id=chatcmpl-1 tenant=auth:red priority=interactive method=POST path=/v1/chat/completions model=m?x worker=http://127.0.0.1:1 error_code=- status=200 bytes_in=10 bytes_out=20 duration_us=1234 upstream_us=90 ttfb_us=99 retries=0\n"), "{t}");
         assert_eq!(t.as_bytes()[4], b'-');
         let mut j = Vec::new();
         json_line(&mut j, &entry());
@@ -234,6 +239,7 @@ mod tests {
         assert_eq!(v["model"].as_str(), Some("m x"));
         assert_eq!(v["status"].as_u64(), Some(200));
         assert_eq!(v["ttfb_us"].as_u64(), Some(99));
+        assert_eq!(v["priority"].as_str(), Some("interactive"));
     }
 
     #[test]

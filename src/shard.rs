@@ -11,6 +11,8 @@ use std::time::Instant;
 
 use crate::access_log::{AccessLog, Entry};
 use crate::admission::permits::{PermitMsg, Permits};
+use crate::admission::priority::config::SLOTS_PER_UNREPORTED_WORKER;
+use crate::admission::priority::Scheduler;
 use crate::budget::shard::ShardBudgets;
 use crate::config::Config;
 use crate::http::date::{DateCache, LEN as DATE_LEN};
@@ -131,6 +133,8 @@ pub struct Shard {
     pruned_for: Cell<u64>,
     /// This shard's share of the admission permits (None without `--max-concurrent-requests`).
     permits: Option<Rc<RefCell<Permits>>>,
+    /// The priority scheduler (None without `--priority-scheduler-enabled`).
+    scheduler: Option<Rc<RefCell<Scheduler>>>,
     /// None with `--prometheus-port 0`.
     metrics: Option<ShardMetrics>,
     access: AccessLog,
@@ -169,8 +173,14 @@ impl Shard {
         let local = LocalSnapshot(Rc::new(Arc::clone(cache.load())));
         let seed = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
         let loads = Loads { peers: vec![Arc::from(Vec::new()); cfg.cores], ..Loads::default() };
-        let permits =
-            cfg.admission.as_ref().map(|a| Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits))));
+        let (permits, scheduler) = match (&cfg.admission, &cfg.priority) {
+            (_, Some(p)) => {
+                let s = Scheduler::new(Rc::new(p.clone()), index, cfg.cores, peers.permits);
+                (None, Some(Rc::new(RefCell::new(s))))
+            }
+            (Some(a), None) => (Some(Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits)))), None),
+            (None, None) => (None, None),
+        };
         Shard {
             index,
             pool: Pool::new(cfg.pool_idle_timeout),
@@ -191,6 +201,7 @@ impl Shard {
             control_loads: RefCell::new(Arc::from(Vec::new())),
             pruned_for: Cell::new(0),
             permits,
+            scheduler,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
             heartbeats: peers.heartbeats,
@@ -247,6 +258,7 @@ impl Shard {
             router: self.router.borrow().stats(),
             spans_dropped: self.traces.as_ref().map_or(0, |t| t.dropped()),
             budget: self.budgets.as_ref().map(|b| b.counts.get()),
+            scheduler: self.scheduler.as_ref().map(|s| s.borrow().by_class()),
             admission: self.permits.as_ref().map(|p| {
                 let p = p.borrow();
                 (p.queued(), p.free())
@@ -263,11 +275,29 @@ impl Shard {
         self.permits.as_ref()
     }
 
-    /// A peer's permit message.
+    /// A peer's permit (or scheduler) message.
     pub fn on_permit_message(&self, msg: PermitMsg) {
-        if let Some(p) = &self.permits {
-            p.borrow_mut().on_message(msg);
+        match msg {
+            PermitMsg::Sched(m) => {
+                // Judged against the current capacity, as the sender's was.
+                if let Some(s) = self.scheduler() {
+                    s.borrow_mut().on_message(m);
+                }
+            }
+            m => {
+                if let Some(p) = &self.permits {
+                    p.borrow_mut().on_message(m);
+                }
+            }
         }
+    }
+
+    /// The priority scheduler, when on; its capacity follows the current Snapshot.
+    pub fn scheduler(&self) -> Option<&Rc<RefCell<Scheduler>>> {
+        let s = self.scheduler.as_ref()?;
+        let snap = self.snapshot();
+        s.borrow_mut().observe_capacity(snap.generation, || capacity(&snap));
+        Some(s)
     }
 
     pub fn index(&self) -> usize {
@@ -506,6 +536,9 @@ impl Shard {
         if let Some(p) = &self.permits {
             p.borrow_mut().refill();
         }
+        if let Some(s) = self.scheduler() {
+            s.borrow_mut().tick();
+        }
         if slow {
             self.pool.sweep();
             self.router.borrow_mut().tick(Instant::now());
@@ -545,6 +578,16 @@ impl Shard {
             let _ = p.try_send(ShardMsg::Digest(Arc::clone(&d)));
         }
     }
+}
+
+/// The priority scheduler's capacity: Σ over routable workers of `max_running_requests`,
+/// [`SLOTS_PER_UNREPORTED_WORKER`] for one that reports none (0: no routable worker).
+fn capacity(snap: &Snapshot) -> usize {
+    snap.workers
+        .iter()
+        .filter(|w| w.healthy)
+        .map(|w| w.max_running.map_or(SLOTS_PER_UNREPORTED_WORKER, |n| n.min(1 << 20) as usize))
+        .sum()
 }
 
 /// Shard liveness for the systemd watchdog: each shard stamps its slot on every tick (every

@@ -40,6 +40,8 @@ pub enum PermitMsg {
     Grant,
     /// The peer has no free permit for this no-queue request.
     Deny { ticket: u64 },
+    /// Priority-scheduler traffic (the scheduler replaces these permits when on).
+    Sched(crate::admission::priority::msg::SchedMsg),
 }
 
 /// Where a queued request stands.
@@ -193,6 +195,7 @@ impl Permits {
                 }
                 self.prune();
             }
+            PermitMsg::Sched(_) => {}
         }
     }
 

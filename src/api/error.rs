@@ -10,13 +10,15 @@ pub struct ApiError {
     pub message: String,
     /// Seconds for `Retry-After`, on sheds that ask the client to back off.
     pub retry_after: Option<u16>,
+    /// `X-SMG-Preempted: true` (the priority scheduler preempted the request).
+    pub preempted: bool,
 }
 
 // === impl ApiError ===
 
 impl ApiError {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None }
+        Self { status, code, message: message.into(), retry_after: None, preempted: false }
     }
 
     pub fn model_not_found(model: &str) -> Self {
@@ -101,6 +103,24 @@ impl ApiError {
         Self { retry_after: Some(2), ..e }
     }
 
+    /// The priority scheduler: the request's class queue is full.
+    pub fn scheduler_queue_full() -> Self {
+        let e = Self::new(429, "scheduler_queue_full", "request queue is full for this priority class");
+        Self { retry_after: Some(2), ..e }
+    }
+
+    /// The priority scheduler: waited longer than the class's `queue_timeout_secs`.
+    pub fn scheduler_queue_timeout() -> Self {
+        let e = Self::new(503, "scheduler_queue_timeout", "timed out waiting for an admission slot");
+        Self { retry_after: Some(2), ..e }
+    }
+
+    /// The priority scheduler: preempted by a higher class before its first byte.
+    pub fn scheduler_preempted() -> Self {
+        let e = Self::new(503, "scheduler_preempted", "request preempted by higher-priority traffic");
+        Self { retry_after: Some(1), preempted: true, ..e }
+    }
+
     pub fn admin_not_implemented(path: &str) -> Self {
         Self::new(501, "not_implemented", format!("{path} is not implemented by this gateway yet"))
     }
@@ -146,15 +166,17 @@ impl ApiError {
     pub fn write_response(&self, out: &mut Vec<u8>, head_only: bool, stamp: &Stamp<'_>) {
         let body = self.envelope();
         let mut secs = Vec::new();
-        let mut headers: [(&str, &[u8]); 2] = [("x-smg-error-code", self.code.as_bytes()), ("", b"")];
-        let n = match self.retry_after {
-            Some(s) => {
-                smg_wire::num::put_dec(&mut secs, s as u64);
-                headers[1] = ("retry-after", &secs);
-                2
-            }
-            None => 1,
-        };
+        let mut headers: [(&str, &[u8]); 3] = [("x-smg-error-code", self.code.as_bytes()), ("", b""), ("", b"")];
+        let mut n = 1;
+        if let Some(s) = self.retry_after {
+            smg_wire::num::put_dec(&mut secs, s as u64);
+            headers[n] = ("retry-after", &secs);
+            n += 1;
+        }
+        if self.preempted {
+            headers[n] = ("x-smg-preempted", b"true");
+            n += 1;
+        }
         let resp =
             Simple { status: self.status, content_type: "application/json", headers: &headers[..n], body: &body };
         write_simple(out, &resp, head_only, stamp);

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::admission::auth::AuthConfig;
+use crate::admission::priority::SchedulerConfig;
 use crate::admission::AdmissionConfig;
 use crate::budget::config::BudgetConfig;
 use crate::contract::Aliases;
@@ -210,6 +211,25 @@ pub struct LaunchArgs {
     /// The OTLP/gRPC collector (host:port) --enable-trace exports to.
     #[arg(long, default_value = "localhost:4317")]
     pub otlp_traces_endpoint: String,
+    /// Enable the priority-aware admission scheduler (classes from X-SMG-Priority, reserved
+    /// slots, per-class queues, starvation promotion, preemption before the first byte). It
+    /// replaces the --max-concurrent-requests limiter; capacity is the sum of the workers'
+    /// max_running_requests (64 for a worker that reports none).
+    #[arg(long)]
+    pub priority_scheduler_enabled: bool,
+    /// Max priority class for tenants not listed in the scheduler YAML (system |
+    /// interactive | default | bulk).
+    #[arg(long, default_value = "default")]
+    pub priority_scheduler_default_max_class: String,
+    /// Optional path to the priority-scheduler YAML config (SMG's schema). With
+    /// --priority-scheduler-enabled, a file that cannot be read, parsed or validated is a
+    /// start-up error; without a path the built-in class defaults apply.
+    #[arg(long, value_name = "PATH")]
+    pub priority_scheduler_config: Option<std::path::PathBuf>,
+    /// Cap on per-tenant scheduler metric label cardinality (accepted for SMG
+    /// compatibility; this gateway has no per-tenant scheduler metrics yet).
+    #[arg(long, default_value_t = 32)]
+    pub priority_scheduler_tenant_metric_top_n: u32,
     /// Write the log (and the access log) to daily files DIR/smg.YYYY-MM-DD instead of stderr.
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<std::path::PathBuf>,
@@ -278,6 +298,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// None: no admission limit.
     pub admission: Option<AdmissionConfig>,
+    /// `--priority-scheduler-enabled`: replaces `admission`.
+    pub priority: Option<SchedulerConfig>,
     /// None: metrics off (`--prometheus-port 0`).
     pub metrics: Option<MetricsConfig>,
     pub log_dir: Option<std::path::PathBuf>,
@@ -475,7 +497,15 @@ impl LaunchArgs {
                 &self.control_plane_api_keys,
                 self.trust_tenant_header.then(|| self.tenant_header_name.to_ascii_lowercase()),
             )?,
-            admission: self.admission_config()?,
+            admission: if self.priority_scheduler_enabled { None } else { self.admission_config()? },
+            priority: match self.priority_scheduler_enabled {
+                true => Some(SchedulerConfig::new(
+                    &self.priority_scheduler_default_max_class,
+                    self.priority_scheduler_config.as_deref(),
+                    self.max_concurrent_requests,
+                )?),
+                false => None,
+            },
             metrics: self.metrics_config()?,
             log_dir: self.log_dir.clone(),
             budgets: budgets.map(Arc::new),

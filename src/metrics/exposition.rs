@@ -20,6 +20,8 @@ pub struct Gauges<'a> {
     pub admission: Option<(usize, usize)>,
     /// Trace spans dropped, all shards.
     pub spans_dropped: u64,
+    /// The priority scheduler per class, all shards (None: off).
+    pub scheduler: Option<[(usize, usize, u64); 4]>,
     /// Tenant budgets, all shards (None: off).
     pub budget: Option<crate::budget::shard::BudgetCounts>,
     /// The control thread's figures (breakers, health checks); None if it did not answer.
@@ -305,6 +307,42 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     if let Some(f) = g.fleet {
         fleet_families(&mut out, f);
     }
+    // The priority scheduler (SMG's family names), declared always, like the budgets'.
+    const CLASSES: [&str; 4] = ["bulk", "default", "interactive", "system"];
+    family(&mut out, "smg_scheduler_admit_total", "counter", "Priority scheduler decisions by class and result");
+    let mut sc: Vec<_> = c.scheduler.iter().collect();
+    sc.sort();
+    for ((class, result), n) in &sc {
+        let _ = writeln!(out, "smg_scheduler_admit_total{} {n}", labels(&[("class", class), ("result", result)]));
+    }
+    family(
+        &mut out,
+        "smg_scheduler_preemption_total",
+        "counter",
+        "Requests preempted before their first byte, by class",
+    );
+    for ((class, result), n) in &sc {
+        if *result == "preempted" {
+            let _ = writeln!(out, "smg_scheduler_preemption_total{} {n}", labels(&[("class", class)]));
+        }
+    }
+    family(&mut out, "smg_scheduler_inflight", "gauge", "Requests holding a scheduler slot, by class");
+    family(&mut out, "smg_scheduler_queue_depth", "gauge", "Requests waiting for a scheduler slot, by class");
+    family(
+        &mut out,
+        "smg_scheduler_starvation_promotion_total",
+        "counter",
+        "Starving requests promoted past reservations, by class",
+    );
+    if let Some(per) = g.scheduler {
+        for (i, class) in CLASSES.iter().enumerate() {
+            let (queued, inflight, promoted) = per[i];
+            let l = labels(&[("class", class)]);
+            let _ = writeln!(out, "smg_scheduler_inflight{l} {inflight}");
+            let _ = writeln!(out, "smg_scheduler_queue_depth{l} {queued}");
+            let _ = writeln!(out, "smg_scheduler_starvation_promotion_total{l} {promoted}");
+        }
+    }
     // Tenant budgets: the families are always declared (a dashboard's queries stay valid),
     // their series exist when budgets are on.
     family(&mut out, "smg_tenant_rate_limit_total", "counter", "Tenant budget reservations by result");
@@ -389,6 +427,7 @@ mod tests {
             routed: Some(routed),
             admitted: Some(true),
             worker_error: None,
+            class: None,
         });
         let snap = Snapshot::default();
         let g = Gauges {
@@ -399,6 +438,7 @@ mod tests {
             admission: Some((0, 8)),
             spans_dropped: 0,
             budget: None,
+            scheduler: None,
             fleet: None,
         };
         let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");

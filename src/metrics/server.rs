@@ -35,11 +35,20 @@ impl Scraper {
         let mut admission: Option<(usize, usize)> = None;
         let mut spans_dropped = 0;
         let mut budget: Option<crate::budget::shard::BudgetCounts> = None;
+        let mut scheduler: Option<[(usize, usize, u64); 4]> = None;
         for _ in 0..asked {
             let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
             counts.merge(&r.counts);
             routers.push(r.router);
             spans_dropped += r.spans_dropped;
+            if let Some(per) = r.scheduler {
+                let t = scheduler.get_or_insert([(0, 0, 0); 4]);
+                for (a, b) in t.iter_mut().zip(per) {
+                    a.0 += b.0;
+                    a.1 += b.1;
+                    a.2 += b.2;
+                }
+            }
             if let Some(b) = r.budget {
                 let t = budget.get_or_insert_with(Default::default);
                 t.admitted += b.admitted;
@@ -72,6 +81,7 @@ impl Scraper {
             admission,
             spans_dropped,
             budget,
+            scheduler,
             fleet: fleet.as_ref(),
         };
         render(&counts, &g, &self.bounds, &self.policy)

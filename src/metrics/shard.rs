@@ -155,6 +155,8 @@ pub struct Counts {
     pub retries: Small<Label, u64>,
     /// endpoint → requests that failed with every attempt used.
     pub retries_exhausted: Small<Label, u64>,
+    /// (priority class, result) → requests, with the scheduler on.
+    pub scheduler: Small<(Label, Label), u64>,
     pub access_log_dropped: u64,
 }
 
@@ -195,6 +197,9 @@ impl Counts {
         for (k, n) in o.retries_exhausted.iter() {
             *self.retries_exhausted.at(*k) += n;
         }
+        for (k, n) in o.scheduler.iter() {
+            *self.scheduler.at(*k) += n;
+        }
         self.access_log_dropped += o.access_log_dropped;
     }
 }
@@ -214,6 +219,8 @@ pub struct Finished<'a> {
     pub admitted: Option<bool>,
     /// The worker side failed (transport or 5xx): SMG's `error_type` of it.
     pub worker_error: Option<&'static str>,
+    /// The priority class, with the scheduler on.
+    pub class: Option<&'static str>,
 }
 
 pub struct Routed<'a> {
@@ -260,6 +267,15 @@ impl ShardMetrics {
         }
         if let Some(t) = f.worker_error {
             *c.worker_errors.at(t) += 1;
+        }
+        if let Some(class) = f.class {
+            let result = match f.error_code {
+                "scheduler_queue_full" => "rejected",
+                "scheduler_queue_timeout" => "timeout",
+                "scheduler_preempted" => "preempted",
+                _ => "admitted",
+            };
+            *c.scheduler.at((class, result)) += 1;
         }
         let Some(r) = &f.routed else { return };
         *c.upstream.at((f.status, f.error_code)) += 1;
@@ -308,6 +324,8 @@ pub struct ShardReport {
     pub spans_dropped: u64,
     /// Tenant budgets, when on.
     pub budget: Option<crate::budget::shard::BudgetCounts>,
+    /// The priority scheduler per class (lowest first): queued, in flight, promoted.
+    pub scheduler: Option<[(usize, usize, u64); 4]>,
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@ use std::time::Instant;
 use smg_wire::num::put_hex_width;
 
 use crate::admission::auth::Tenant;
+use crate::admission::priority::Class;
+use crate::admission::priority::Slot;
 use crate::admission::Permit;
 use crate::api::Route;
 use crate::budget::shard::Reservation;
@@ -59,6 +61,11 @@ pub struct RequestCtx {
     /// Most output tokens per choice, and choices, as the contract read them.
     pub max_output: Option<u32>,
     pub choices: u32,
+    /// The priority scheduler's slot (instead of `permit`), likewise; it also says whether
+    /// the request was preempted.
+    pub slot: Option<Slot>,
+    /// The priority class it was admitted (or refused) in, with the scheduler on.
+    pub class: Option<Class>,
     pub model: Option<String>,
     pub chosen: Option<Chosen>,
     /// Upstream attempts made (the retry edge adds one).
@@ -118,6 +125,8 @@ impl RequestCtx {
             reservation: None,
             max_output: None,
             choices: 1,
+            slot: None,
+            class: None,
             model: None,
             chosen: None,
             attempts: 0,

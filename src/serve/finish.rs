@@ -216,6 +216,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
         routed,
         admitted: ctx.admitted,
         worker_error: (ctx.chosen.is_some() && ctx.status >= 500).then(|| metrics::error_type(ctx.status)),
+        class: ctx.class.map(|c| c.as_str()),
     });
     // The buffer may be gone (a body read that timed out takes it with the cancelled read).
     if let Some((ids, start)) = ctx.span {
@@ -234,6 +235,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
     shard.access_line(&Entry {
         request_id: &ctx.request_id,
         tenant: ctx.tenant.as_ref().map(|t| t.as_str()).unwrap_or(""),
+        priority: ctx.class.map_or("", |c| c.as_str()),
         method,
         path: raw_path,
         model: ctx.model.as_deref().unwrap_or(""),

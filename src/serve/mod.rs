@@ -32,6 +32,7 @@ mod isolate;
 mod pick;
 mod upstream;
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -39,6 +40,7 @@ use monoio::net::TcpStream;
 
 use crate::admission::auth::{unauthenticated_tenant, Tenant, Verdict};
 use crate::admission::permits::{Admit, Permits};
+use crate::admission::priority::{Admission, Class, Scheduler};
 use crate::admission::Permit;
 use crate::api::{self, Action, ApiError, EndpointSpec, Route};
 use crate::http::body::{read_body, Body, BodyError, BodyLimits};
@@ -117,7 +119,7 @@ async fn request(
         Action::NotFound => return reject(ApiError::route_not_found(&path(client, head))),
         Action::MethodNotAllowed => return reject(ApiError::method_not_allowed(&path(client, head))),
     };
-    if let Err(o) = admit(shard, client, ctx).await {
+    if let Err(o) = admit(shard, client, head, ctx).await {
         return o;
     }
     // A fault hook for the panic-isolation test, with a permit held; not in release builds.
@@ -190,7 +192,10 @@ fn authorize(
 
 /// Phase: admit. With `--max-concurrent-requests`, takes a permit or waits for one in the
 /// queue, the body unread; a client that hangs up while queued leaves at once.
-async fn admit(shard: &Shard, client: &Client, ctx: &mut RequestCtx) -> Result<(), Outcome> {
+async fn admit(shard: &Shard, client: &Client, head: &RequestHead, ctx: &mut RequestCtx) -> Result<(), Outcome> {
+    if let Some(sched) = shard.scheduler() {
+        return admit_class(sched, client, head, ctx).await;
+    }
     let Some(permits) = shard.permits() else { return Ok(()) };
     let ticket = match Permits::admit(permits) {
         Admit::Now => {
@@ -241,6 +246,66 @@ async fn admit(shard: &Shard, client: &Client, ctx: &mut RequestCtx) -> Result<(
     }
 }
 
+/// Phase: admit, with the priority scheduler: the class from `X-SMG-Priority` (unknown or
+/// missing: `default`), clamped to the tenant's `max_class`; a slot now, or a wait in the
+/// class's queue until the scheduler grants one or the class's queue timeout.
+async fn admit_class(
+    sched: &Rc<RefCell<Scheduler>>,
+    client: &Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+) -> Result<(), Outcome> {
+    let asked = head.header(&client.buf, "x-smg-priority").map_or(Class::Default, Class::parse_header);
+    let (class, limit) = {
+        let s = sched.borrow();
+        let cfg = s.config();
+        let class = asked.min(cfg.max_class(ctx.tenant.as_ref().map(|t| t.as_str())));
+        (class, cfg.queue_timeout(class))
+    };
+    ctx.class = Some(class);
+    let ticket = match Scheduler::admit(sched, class) {
+        Admission::Now(slot) => {
+            ctx.slot = Some(slot);
+            ctx.admitted = Some(true);
+            return Ok(());
+        }
+        Admission::Full => {
+            ctx.admitted = Some(false);
+            return Err(reject(ApiError::scheduler_queue_full()));
+        }
+        Admission::Queued(t) => t,
+    };
+    let queued = Instant::now();
+    let mut watch = true;
+    let granted = loop {
+        let waited = Scheduler::wait(&ticket);
+        let expired = sleep(limit.saturating_sub(queued.elapsed()));
+        if watch {
+            monoio::select! {
+                _ = waited => break true,
+                _ = expired => break false,
+                closed = peer_closed(&client.stream) => {
+                    if closed {
+                        return Err(Outcome::ClientGone);
+                    }
+                    watch = false;
+                }
+            }
+        } else {
+            monoio::select! {
+                _ = waited => break true,
+                _ = expired => break false,
+            }
+        }
+    };
+    ctx.admitted = Some(granted);
+    if !granted {
+        return Err(reject(ApiError::scheduler_queue_timeout()));
+    }
+    ctx.slot = Some(ticket.into_slot());
+    Ok(())
+}
+
 /// Phase: body.
 async fn body(shard: &Shard, client: &mut Client, head: &RequestHead, ctx: &mut RequestCtx) -> Result<Body, Outcome> {
     let limits = BodyLimits { max: shard.cfg().max_payload_size, stall: shard.cfg().body_stall_timeout };
@@ -285,7 +350,29 @@ async fn forward(
         let authority = &worker.url.authority;
         let skip =
             upstream_head(&mut up_head, head, &client.buf, authority, body.bytes(&client.buf), span, &worker.meta);
-        let failure = match attempt(shard, client, ctx, &mut up_head, body, Plan { skip, fresh }, &mut watch).await {
+        let plan = Plan { skip, fresh };
+        // Until its response reaches the client, a request holding a scheduler slot may be
+        // preempted: the attempt (and with it the worker connection) is dropped at once.
+        let attempted = match ctx.slot.as_ref().map(|s| Rc::clone(s.held())) {
+            Some(held) => {
+                monoio::select! {
+                    r = attempt(shard, client, ctx, &mut up_head, body, plan, &mut watch) => {
+                        if r.is_ok() {
+                            held.start();
+                        }
+                        r
+                    }
+                    _ = held.preempted() => {
+                        // The attempt may have been writing the body from the connection's
+                        // buffer when it was dropped: what followed it cannot be trusted.
+                        ctx.close = true;
+                        return reject(ApiError::scheduler_preempted());
+                    }
+                }
+            }
+            None => attempt(shard, client, ctx, &mut up_head, body, plan, &mut watch).await,
+        };
+        let failure = match attempted {
             Ok(answered) if retry::retryable_status(answered.head.status) && may_retry(shard, ctx) => {
                 // Dropping the answer closes its connection: its body is not worth reading.
                 let status = answered.head.status;

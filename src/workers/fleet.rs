@@ -521,6 +521,7 @@ impl Fleet {
                 healthy: e.routable(),
                 engine_load: e.engine_load,
                 overloaded: e.overloaded,
+                max_running: e.max_running,
                 meta: Arc::clone(&e.meta),
             })
             .collect();

@@ -25,6 +25,8 @@ pub struct Worker {
     pub engine_load: Option<u64>,
     /// Past its overload threshold by the load monitor's last look.
     pub overloaded: bool,
+    /// `max_running_requests` from discovery (`/get_server_info`), when it reported one.
+    pub max_running: Option<u64>,
     pub meta: Arc<WorkerMeta>,
 }
 
@@ -193,6 +195,7 @@ mod tests {
             healthy,
             engine_load: None,
             overloaded: false,
+            max_running: None,
             meta: Arc::default(),
         }
     }

@@ -217,6 +217,8 @@ pub struct WorkerState {
     pub in_flight: AtomicUsize,
     /// The most `in_flight` has been since the worker started or [`WorkerState::reset_max_in_flight`].
     pub max_in_flight: AtomicUsize,
+    /// `max_running_requests` on `/get_server_info` (0: that route answers 404).
+    pub max_running: AtomicUsize,
 }
 
 impl WorkerState {
@@ -277,9 +279,16 @@ impl FakeWorker {
     /// "close" (answer, then close the connection without saying so), "hang" (never
     /// answers, and lets go as soon as the gateway closes the connection, at most 30 s).
     pub fn start(model: &str) -> FakeWorker {
+        Self::start_reporting(model, 0)
+    }
+
+    /// Like [`FakeWorker::start`], with `max_running_requests: max_running` on
+    /// `/get_server_info` (what discovery reads for the priority scheduler's capacity).
+    pub fn start_reporting(model: &str, max_running: usize) -> FakeWorker {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(WorkerState::default());
+        state.max_running.store(max_running, Ordering::SeqCst);
         state.healthy.store(true, Ordering::SeqCst);
         let (st, m) = (Arc::clone(&state), model.to_string());
         std::thread::spawn(move || {
@@ -334,6 +343,10 @@ fn serve(mut s: TcpStream, conn: usize, st: &WorkerState, model: &str) {
             "/health" => {
                 let code = if st.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
                 reply(&mut s, code, "text/plain", b"ok", &[])
+            }
+            "/get_server_info" if st.max_running.load(Ordering::SeqCst) > 0 => {
+                let b = format!(r#"{{"max_running_requests":{}}}"#, st.max_running.load(Ordering::SeqCst));
+                reply(&mut s, 200, "application/json", b.as_bytes(), &[])
             }
             // Discovery and the load monitor ask these; this worker has none of them.
             "/server_info" | "/get_server_info" | "/version" | "/v1/loads" => {
