@@ -115,3 +115,74 @@ fn continuous_batching_queues_beyond_max_running() {
         assert_eq!(loads["loads"][0]["num_running_reqs"].as_u64(), Some(0));
     }
 }
+
+#[test]
+fn kv_capacity_makes_requests_wait() {
+    for legacy in DRIVERS {
+        // chat_body's prompt is 9 tokens; with max_tokens 91 each request holds 100 KV tokens,
+        // so a 250-token cache runs two at a time although 8 slots are free.
+        let sim =
+            Sim::start(&["--ports", "0", "--ttft-ms", "150", "--kv-cache-tokens", "250", "--max-running", "8"], legacy);
+        let p = sim.port();
+        let body = chat_body(r#","max_tokens":91"#);
+        let t0 = Instant::now();
+        let handles: Vec<_> = (0..6)
+            .map(|i| {
+                let body = body.clone();
+                std::thread::spawn(move || {
+                    // Staggered by 5 ms so the FIFO order is the spawn order.
+                    std::thread::sleep(Duration::from_millis(5 * i));
+                    let r = http(p, "POST", "/v1/chat/completions", &body);
+                    assert_eq!(r.status, 200);
+                    Instant::now()
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(80));
+        let loads = http(p, "GET", "/v1/loads", "").json();
+        let l = &loads["loads"][0];
+        assert_eq!(l["num_running_reqs"].as_u64(), Some(2), "{l:?}");
+        assert_eq!(l["num_waiting_reqs"].as_u64(), Some(4), "{l:?}");
+        assert_eq!(l["num_used_tokens"].as_u64(), Some(200), "{l:?}");
+        assert_eq!(l["max_total_num_tokens"].as_u64(), Some(250), "{l:?}");
+        assert!((l["token_usage"].as_f64().unwrap() - 0.8).abs() < 1e-3, "{l:?}");
+        let mut done: Vec<Duration> = handles.into_iter().map(|h| h.join().unwrap() - t0).collect();
+        done.sort();
+        // Two at a time, 150 ms each: pairs finish at ~150, ~300, ~450 ms.
+        for (i, d) in done.iter().enumerate() {
+            let expected = 150.0 * (i / 2 + 1) as f64 + 5.0 * i as f64;
+            assert!(within(*d, expected, 0.2), "request {i} done after {d:?}, expected ~{expected} ms");
+        }
+        let stats = http(p, "GET", "/sim/stats", "").json();
+        assert_eq!(stats["settings"]["kv_cache_tokens"].as_u64(), Some(250));
+        assert_eq!(stats["waiting"].as_u64(), Some(0));
+    }
+}
+
+#[test]
+fn profile_preset_shows_in_settings() {
+    for legacy in DRIVERS {
+        let sim = Sim::start(&["--ports", "0", "--profile", "llama3.1-8b-h100", "--ttft-ms", "1"], legacy);
+        let st = http(sim.port(), "GET", "/sim/stats", "").json();
+        let s = &st["settings"];
+        assert_eq!(s["profile"].as_str(), Some("llama3.1-8b-h100"), "{s:?}");
+        // The explicit flag wins over the preset; the rest come from the preset.
+        assert_eq!(s["ttft_ms"].as_f64(), Some(1.0));
+        assert_eq!(s["itl_ms"].as_f64(), Some(6.0));
+        assert_eq!(s["prefill_us_per_token"].as_f64(), Some(32.0));
+        assert_eq!(s["itl_batch_factor"].as_f64(), Some(7.0));
+        assert_eq!(s["prefill_batch_factor"].as_f64(), Some(1.0));
+        assert_eq!(s["max_running"].as_u64(), Some(256));
+        assert_eq!(s["kv_cache_tokens"].as_u64(), Some(400_000));
+        let l = http(sim.port(), "GET", "/v1/loads", "").json();
+        assert_eq!(l["loads"][0]["max_total_num_tokens"].as_u64(), Some(400_000));
+        let info = http(sim.port(), "GET", "/server_info", "").json();
+        assert_eq!(info["max_total_num_tokens"].as_u64(), Some(400_000));
+        // 32 µs per uncached token plus 1 ms: a 2,000-token prompt answers one token in ~65 ms.
+        let prompt = "abcd".repeat(2000);
+        let t0 = Instant::now();
+        let r = http(sim.port(), "POST", "/v1/completions", &format!(r#"{{"prompt":"{prompt}","max_tokens":1}}"#));
+        assert_eq!(r.status, 200);
+        assert!(within(t0.elapsed(), 1.0 + 2001.0 * 0.032, 0.2), "{:?}", t0.elapsed());
+    }
+}

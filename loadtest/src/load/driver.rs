@@ -89,6 +89,12 @@ impl Ctx {
         Some((n * self.plan.threads + self.plan.thread_index) % len)
     }
 
+    /// Position in the whole run (all threads) of the request this thread claims next: its index
+    /// in the pool before wrapping, which is how a trace finds its send time.
+    pub fn next_global(&self) -> usize {
+        self.next.get() * self.plan.threads + self.plan.thread_index
+    }
+
     /// Seconds of the measured window (from the end of warm-up to the last completion).
     pub fn measured_secs(&self) -> f64 {
         let last = self.last_done.get();

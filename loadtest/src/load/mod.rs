@@ -12,3 +12,4 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod sse;
+pub mod trace;

@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 
+use crate::load::client::build_request;
 use crate::load::cpu;
 use crate::load::driver::{Ctx, Progress, ThreadPlan};
 use crate::load::open_loop::Arrivals;
 use crate::load::report::{CpuUse, Report, Stats};
 use crate::load::scenario::Scenario;
+use crate::load::trace::Trace;
 use crate::load::{closed_loop, open_loop};
 use crate::rt;
 
@@ -78,10 +80,24 @@ pub struct RunArgs {
     /// Live progress line on stderr (default: when stderr is a terminal).
     #[arg(long)]
     pub progress: bool,
+
+    // --- trace replay (load/trace.rs) ---
+    /// Replay a trace: Azure LLM inference CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or
+    /// Mooncake JSONL (timestamp, input_length, output_length, hash_ids). Arrivals, prompt and
+    /// output lengths (and shared prefixes) come from the file; the scenario still picks API,
+    /// model and streaming. Open loop; ends with the trace unless --requests / --duration.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<String>,
+    /// Trace replay speed: 2 sends twice as fast as recorded.
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Prompt bytes per token when sizing trace prompts (smg-sim's --bytes-per-token).
+    #[arg(long, default_value_t = 4)]
+    pub trace_bytes_per_token: usize,
 }
 
 /// Load mode of a run.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Mode {
     Closed { concurrency: usize },
     Open { rate: f64, arrivals: Arrivals, max_conns: usize },
@@ -138,6 +154,9 @@ impl RunArgs {
         }
         let (authority, path) = split_url(&self.url)?;
         let addr = resolve(&authority)?;
+        if let Some(file) = &self.trace {
+            return self.trace_plan(file, &scenario, &authority, path.as_deref(), addr);
+        }
         let requests = scenario.requests(&authority, path.as_deref(), &self.headers);
         let mode = match (self.rate, self.concurrency) {
             (Some(_), Some(_)) => return Err("give --rate (open loop) or --concurrency (closed loop), not both".into()),
@@ -174,6 +193,51 @@ impl RunArgs {
             stop: None,
         })
     }
+
+    /// A trace run: one request per trace line, each sent at its recorded offset ÷ --speedup.
+    fn trace_plan(
+        &self,
+        file: &str,
+        scenario: &Scenario,
+        authority: &str,
+        path: Option<&str>,
+        addr: SocketAddr,
+    ) -> Result<LoadPlan, String> {
+        if self.rate.is_some() || self.concurrency.is_some() {
+            return Err("--trace sets the arrivals: drop --rate / --concurrency".into());
+        }
+        if self.speedup.is_nan() || self.speedup <= 0.0 {
+            return Err("--speedup must be positive".into());
+        }
+        let trace = Trace::load(file)?;
+        let path = path.unwrap_or(scenario.path());
+        let requests: Vec<bytes::Bytes> = trace
+            .bodies(scenario, self.trace_bytes_per_token)
+            .iter()
+            .map(|b| build_request("POST", path, authority, &self.headers, b))
+            .collect();
+        Ok(LoadPlan {
+            addr,
+            url: self.url.clone(),
+            scenario_name: format!("{} trace {file} ({}, x{})", scenario.name, trace.format, self.speedup),
+            mode: Mode::Open {
+                rate: trace.rate(self.speedup),
+                arrivals: Arrivals::Trace(trace.schedule(self.speedup)),
+                max_conns: self.max_conns,
+            },
+            duration: self.duration,
+            count: Some(self.requests.unwrap_or(requests.len() as u64)),
+            requests: Arc::new(requests),
+            warmup: self.warmup,
+            timeout: self.timeout,
+            threads: self.threads.max(1),
+            cores: self.cores.as_deref().map(rt::parse_cores).transpose()?,
+            parse_usage: !self.no_usage,
+            progress: self.progress || std::io::stderr().is_terminal(),
+            target_pids: self.target_pids.clone(),
+            stop: None,
+        })
+    }
 }
 
 /// Runs the plan on its threads and builds the report.
@@ -197,10 +261,10 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
             progress: progress.clone(),
             stop: plan.stop.clone(),
         };
-        let mode = match plan.mode {
-            Mode::Closed { concurrency } => Mode::Closed { concurrency: share(concurrency as u64).max(1) as usize },
+        let mode = match &plan.mode {
+            Mode::Closed { concurrency } => Mode::Closed { concurrency: share(*concurrency as u64).max(1) as usize },
             Mode::Open { rate, arrivals, max_conns } => {
-                Mode::Open { rate: rate / plan.threads as f64, arrivals, max_conns }
+                Mode::Open { rate: rate / plan.threads as f64, arrivals: arrivals.clone(), max_conns: *max_conns }
             }
         };
         let core = plan.cores.as_ref().map(|c| c[t % c.len()]);
@@ -275,8 +339,9 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
             })
         })
         .collect();
-    let mode = match plan.mode {
+    let mode = match &plan.mode {
         Mode::Closed { concurrency } => format!("closed c={concurrency}"),
+        Mode::Open { rate, arrivals: Arrivals::Trace(_), .. } => format!("open trace, mean {rate:.1} rps"),
         Mode::Open { rate, arrivals, .. } => format!("open {rate} rps {arrivals:?}"),
     };
     Ok(Report::build(&plan.scenario_name, &plan.url, &mode, plan.threads, secs, &merged, target_cpu))

@@ -2,6 +2,8 @@
 
 use clap::{Parser, ValueEnum};
 
+use crate::sim::profile::{Profile, DEFAULTS};
+
 /// Which engine's HTTP surface a simulated worker presents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Runtime {
@@ -54,27 +56,41 @@ pub struct SimArgs {
     #[arg(long)]
     pub cores: Option<String>,
 
-    /// Base time to first token, in ms.
-    #[arg(long, default_value_t = 0.0)]
-    pub ttft_ms: f64,
-    /// Time between output tokens, in ms.
-    #[arg(long, default_value_t = 0.0)]
-    pub itl_ms: f64,
-    /// Prefill cost per prompt token not found in the prefix cache, in µs (added to TTFT).
-    #[arg(long, default_value_t = 0.0)]
-    pub prefill_us_per_token: f64,
-    /// ITL grows by this fraction when every batch slot is busy (linear in between): decode slows with batch size.
-    #[arg(long, default_value_t = 0.0)]
-    pub itl_batch_factor: f64,
+    /// Engine preset: timing, batch and KV capacity of a real engine on a real GPU (sources in
+    /// src/sim/profile.rs and the README). Flags given explicitly win over the preset.
+    #[arg(long, value_enum)]
+    pub profile: Option<Profile>,
+    /// Base time to first token, in ms [default: 0].
+    #[arg(long)]
+    pub ttft_ms: Option<f64>,
+    /// Time between output tokens at batch 1, in ms [default: 0].
+    #[arg(long)]
+    pub itl_ms: Option<f64>,
+    /// Prefill cost per prompt token not found in the prefix cache, in µs (added to TTFT) [default: 0].
+    #[arg(long)]
+    pub prefill_us_per_token: Option<f64>,
+    /// ITL grows by this fraction when every batch slot is busy (linear in between): decode slows
+    /// with batch size. Streams re-read the batch at every token [default: 0].
+    #[arg(long)]
+    pub itl_batch_factor: Option<f64>,
+    /// Prefill grows by this fraction when every batch slot is busy (linear in between): prefill
+    /// shares the GPU with the running decodes [default: 0].
+    #[arg(long)]
+    pub prefill_batch_factor: Option<f64>,
     /// Output tokens when the request gives no max_tokens.
     #[arg(long, default_value_t = 16)]
     pub output_tokens: u32,
     /// Upper bound on output tokens whatever the request asks.
     #[arg(long, default_value_t = 32_768)]
     pub max_output_tokens: u32,
-    /// Continuous-batching slots per worker; further requests wait in a FIFO queue.
-    #[arg(long, default_value_t = 256)]
-    pub max_running: usize,
+    /// Continuous-batching slots per worker; further requests wait in a FIFO queue [default: 256].
+    #[arg(long)]
+    pub max_running: Option<usize>,
+    /// KV-cache capacity per worker in tokens: a request is admitted only when its prompt plus
+    /// output tokens fit beside the running ones, else it waits (num_waiting_reqs); 0 is unlimited
+    /// [default: 0].
+    #[arg(long)]
+    pub kv_cache_tokens: Option<u64>,
     /// Prefix cache size per worker in tokens (0 disables the cache).
     #[arg(long, default_value_t = 1 << 20)]
     pub cache_tokens: usize,
@@ -143,6 +159,7 @@ pub struct Timing {
     pub itl_us: u64,
     pub prefill_ns_per_token: u64,
     pub itl_batch_factor: f64,
+    pub prefill_batch_factor: f64,
     pub output_tokens: u32,
     pub max_output_tokens: u32,
     pub write_each_event: bool,
@@ -174,6 +191,10 @@ pub struct WorkerSpec {
     pub timing: Timing,
     pub faults: FaultPlan,
     pub max_running: usize,
+    /// KV-cache capacity in tokens (0: unlimited).
+    pub kv_cache_tokens: u64,
+    /// The --profile preset, reported in /sim/stats.
+    pub profile: Option<&'static str>,
     pub cache_tokens: usize,
     pub block_tokens: usize,
     pub bytes_per_token: usize,
@@ -207,7 +228,9 @@ impl SimArgs {
         if groups.is_empty() {
             groups.push((vec![18001], self.model.clone(), self.runtime));
         }
-        if self.max_running == 0 {
+        let p = self.profile.map_or(DEFAULTS, Profile::preset);
+        let max_running = self.max_running.unwrap_or(p.max_running);
+        if max_running == 0 {
             return Err("--max-running must be at least 1".into());
         }
         if self.bytes_per_token == 0 || self.block_tokens == 0 {
@@ -217,10 +240,12 @@ impl SimArgs {
             return Err("--dp-size must be at least 1".into());
         }
         let timing = Timing {
-            ttft_us: ms_to_us(self.ttft_ms),
-            itl_us: ms_to_us(self.itl_ms),
-            prefill_ns_per_token: (self.prefill_us_per_token.max(0.0) * 1000.0) as u64,
-            itl_batch_factor: self.itl_batch_factor.max(0.0),
+            ttft_us: ms_to_us(self.ttft_ms.unwrap_or(p.ttft_ms)),
+            itl_us: ms_to_us(self.itl_ms.unwrap_or(p.itl_ms)),
+            prefill_ns_per_token: (self.prefill_us_per_token.unwrap_or(p.prefill_us_per_token).max(0.0) * 1000.0)
+                as u64,
+            itl_batch_factor: self.itl_batch_factor.unwrap_or(p.itl_batch_factor).max(0.0),
+            prefill_batch_factor: self.prefill_batch_factor.unwrap_or(p.prefill_batch_factor).max(0.0),
             output_tokens: self.output_tokens.max(1),
             max_output_tokens: self.max_output_tokens.max(1),
             write_each_event: self.write_each_event,
@@ -245,7 +270,9 @@ impl SimArgs {
                     runtime,
                     timing,
                     faults,
-                    max_running: self.max_running,
+                    max_running,
+                    kv_cache_tokens: self.kv_cache_tokens.unwrap_or(p.kv_cache_tokens),
+                    profile: self.profile.map(Profile::name),
                     cache_tokens: self.cache_tokens,
                     block_tokens: self.block_tokens,
                     bytes_per_token: self.bytes_per_token,
@@ -308,5 +335,16 @@ mod tests {
         let s = &SimArgs::parse_from(["smg-sim"]).worker_specs().unwrap()[0];
         assert_eq!((s.flap_health_ms, s.dp_size, s.faults.close_after_response), (0, 1, false));
         assert!(SimArgs::parse_from(["smg-sim", "--dp-size", "0"]).worker_specs().is_err());
+    }
+
+    #[test]
+    fn profile_fills_what_flags_leave() {
+        let s = &SimArgs::parse_from(["smg-sim", "--profile", "llama3.1-8b-h100", "--itl-ms", "9"])
+            .worker_specs()
+            .unwrap()[0];
+        assert_eq!((s.timing.itl_us, s.timing.ttft_us, s.timing.prefill_ns_per_token), (9_000, 8_000, 32_000));
+        assert_eq!((s.max_running, s.kv_cache_tokens, s.profile), (256, 400_000, Some("llama3.1-8b-h100")));
+        let s = &SimArgs::parse_from(["smg-sim", "--max-running", "4"]).worker_specs().unwrap()[0];
+        assert_eq!((s.max_running, s.kv_cache_tokens, s.timing.itl_us, s.profile), (4, 0, 0, None));
     }
 }

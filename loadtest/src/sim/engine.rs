@@ -49,9 +49,9 @@ pub async fn run(
     s: &mut Scratch,
     keep_alive: bool,
 ) -> io::Result<bool> {
-    let permit = w.slots.acquire().await;
-    let admitted = Instant::now();
     let held_tokens = job.prompt_tokens + job.output_tokens as u64;
+    let permit = w.gate.admit(held_tokens).await;
+    let admitted = Instant::now();
     bump(&w.stats.used_tokens, held_tokens);
     let sched = timing::schedule(&w.timing.get(), job.prompt_tokens - job.cached_tokens, w.running(), w.max_running);
     let gen = Gen {
@@ -161,7 +161,15 @@ async fn stream_response(
         flush_events(&mut s.out, &mut s.events);
         write_out(stream, &mut s.out).await?;
     }
+    // Token k is due one ITL after token k-1, at the ITL of the batch as it is then: a stream
+    // slows down when others join and speeds up when they leave. Deadlines chain from admission
+    // (not from when the task woke), so sleeps do not drift.
+    let (t, dynamic) = (w.timing.get(), w.timing.get().itl_batch_factor > 0.0);
+    let mut due = admitted + sched.first_token;
     for k in 0..n {
+        if k > 0 {
+            due += if dynamic { timing::itl(&t, w.running(), w.max_running) } else { sched.itl };
+        }
         if cut_after == Some(k) {
             bump(&w.stats.truncated, 1);
             bump(&w.stats.output_tokens, k as u64);
@@ -169,7 +177,6 @@ async fn stream_response(
             write_out(stream, &mut s.out).await?;
             return Ok(false);
         }
-        let due = admitted + sched.token_due(k);
         if due > Instant::now() {
             flush_events(&mut s.out, &mut s.events);
             write_out(stream, &mut s.out).await?;

@@ -7,11 +7,13 @@
 //! Boot order: every thread binds its ports, reports them, then the main thread prints one
 //! `listening` line per worker followed by `ready` (tests and scripts wait for that line).
 
+pub mod admission;
 pub mod config;
 pub mod engine;
 pub mod faults;
 pub mod http;
 pub mod prefix_cache;
+pub mod profile;
 pub mod render;
 pub mod request;
 pub mod routes;

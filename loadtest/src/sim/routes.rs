@@ -222,8 +222,8 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
 fn loads_body(w: &Worker) -> String {
     let (running, waiting) = w.reported_load();
     let used = w.stats.used_tokens.get();
+    let max_tokens = w.max_total_tokens().max(1);
     let cache = w.cache.borrow();
-    let max_tokens = cache.capacity_tokens().max(1);
     let token_usage = used as f64 / max_tokens as f64;
     let util = running as f64 / w.max_running as f64;
     let thr = w.gen_throughput();
@@ -271,7 +271,7 @@ pub fn stats_body(w: &Worker) -> String {
     }
     let _ = write!(
         out,
-        "],\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{},\"flap_health_ms\":{},\"close_after_response\":{},\"reported_load\":{},\"dp_size\":{}}}}}",
+        "],\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{},\"flap_health_ms\":{},\"close_after_response\":{},\"reported_load\":{},\"dp_size\":{},\"prefill_batch_factor\":{},\"max_running\":{},\"kv_cache_tokens\":{},\"profile\":{}}}}}",
         t.ttft_us as f64 / 1000.0,
         t.itl_us as f64 / 1000.0,
         t.prefill_ns_per_token as f64 / 1000.0,
@@ -288,6 +288,10 @@ pub fn stats_body(w: &Worker) -> String {
         f.close_after_response,
         opt(f.reported_load),
         s.dp_rank_requests.len(),
+        t.prefill_batch_factor,
+        w.max_running,
+        w.gate.capacity_tokens(),
+        w.profile.map_or_else(|| "null".to_string(), |p| format!("\"{p}\"")),
     );
     out
 }
@@ -331,6 +335,7 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
             "itl_ms" => t.itl_us = ms_to_us(num()?),
             "prefill_us_per_token" => t.prefill_ns_per_token = (num()?.max(0.0) * 1000.0) as u64,
             "itl_batch_factor" => t.itl_batch_factor = num()?.max(0.0),
+            "prefill_batch_factor" => t.prefill_batch_factor = num()?.max(0.0),
             "output_tokens" => t.output_tokens = (num()? as u32).max(1),
             "fail_rate" => f.fail_rate = num()?,
             "fail_status" => f.fail_status = num()? as u16,

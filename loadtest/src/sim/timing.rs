@@ -34,13 +34,31 @@ impl Schedule {
 /// Plans a request admitted when `running` of `max_running` slots are busy (itself included).
 ///
 /// Cached prompt tokens skip prefill entirely, which is what makes cache-aware routing visible in TTFT.
+/// Prefill also slows as the batch fills (it shares each step with the running decodes).
 pub fn schedule(t: &Timing, uncached_tokens: u64, running: usize, max_running: usize) -> Schedule {
-    let prefill_ns = uncached_tokens.saturating_mul(t.prefill_ns_per_token);
-    let first_token = Duration::from_micros(t.ttft_us) + Duration::from_nanos(prefill_ns);
-    // Decode steps get slower as the batch fills; linear from 1 running request to a full batch.
-    let load = if max_running > 1 { (running.saturating_sub(1)) as f64 / (max_running - 1) as f64 } else { 0.0 };
-    let itl_us = t.itl_us as f64 * (1.0 + t.itl_batch_factor * load.min(1.0));
-    Schedule { first_token, itl: Duration::from_nanos((itl_us * 1000.0) as u64) }
+    let l = load(running, max_running);
+    let prefill_ns = uncached_tokens as f64 * t.prefill_ns_per_token as f64 * (1.0 + t.prefill_batch_factor * l);
+    let first_token = Duration::from_micros(t.ttft_us) + Duration::from_nanos(prefill_ns as u64);
+    Schedule { first_token, itl: itl(t, running, max_running) }
+}
+
+/// The gap between tokens with `running` of `max_running` slots busy: decode steps get slower as
+/// the batch fills, linear from 1 running request to a full batch.
+pub fn itl(t: &Timing, running: usize, max_running: usize) -> Duration {
+    if t.itl_batch_factor == 0.0 {
+        return Duration::from_micros(t.itl_us);
+    }
+    let itl_us = t.itl_us as f64 * (1.0 + t.itl_batch_factor * load(running, max_running));
+    Duration::from_nanos((itl_us * 1000.0) as u64)
+}
+
+/// How full the batch is: 0 with one request running, 1 with every slot busy.
+fn load(running: usize, max_running: usize) -> f64 {
+    if max_running > 1 {
+        (running.saturating_sub(1) as f64 / (max_running - 1) as f64).min(1.0)
+    } else {
+        0.0
+    }
 }
 
 /// Output length: the request's max_tokens when given (capped), else the worker default.
@@ -65,6 +83,7 @@ mod tests {
             itl_us: 10_000,
             prefill_ns_per_token: 1_000,
             itl_batch_factor: 1.0,
+            prefill_batch_factor: 1.0,
             output_tokens: 16,
             write_each_event: false,
             max_output_tokens: 100,
@@ -88,6 +107,15 @@ mod tests {
         assert_eq!(schedule(&t, 0, 1, 5).itl, Duration::from_millis(10));
         assert_eq!(schedule(&t, 0, 5, 5).itl, Duration::from_millis(20));
         assert_eq!(schedule(&t, 0, 3, 5).itl, Duration::from_millis(15));
+        assert_eq!(itl(&t, 5, 5), Duration::from_millis(20));
+    }
+
+    #[test]
+    fn prefill_grows_with_batch() {
+        let t = timing();
+        // 10k uncached tokens at 1 µs: 10 ms alone, 20 ms beside a full batch.
+        assert_eq!(schedule(&t, 10_000, 1, 5).first_token, Duration::from_millis(60));
+        assert_eq!(schedule(&t, 10_000, 5, 5).first_token, Duration::from_millis(70));
     }
 
     #[test]

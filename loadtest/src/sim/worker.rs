@@ -6,11 +6,12 @@ use std::os::fd::RawFd;
 use std::rc::Rc;
 
 use crate::rng::Rng;
+use crate::sim::admission::Gate;
 use crate::sim::config::{FaultPlan, Runtime, Timing, WorkerSpec};
 use crate::sim::faults::Health;
 use crate::sim::prefix_cache::PrefixCache;
 use crate::sim::render::put_json_str;
-use crate::sync::{Event, Semaphore};
+use crate::sync::Event;
 
 /// Counters reported by /sim/stats and /v1/loads.
 #[derive(Default)]
@@ -47,8 +48,10 @@ pub struct Worker {
     pub timing: Cell<Timing>,
     pub faults: Cell<FaultPlan>,
     pub health: Health,
-    pub slots: Rc<Semaphore>,
+    /// Batch slots and KV-cache tokens; requests wait here for both (FIFO).
+    pub gate: Rc<Gate>,
     pub max_running: usize,
+    pub profile: Option<&'static str>,
     pub cache: RefCell<PrefixCache>,
     pub rng: Rng,
     /// Fired when the worker dies (--die-after, or /sim/control "die"): the accept loop stops and connections close.
@@ -91,7 +94,7 @@ impl Worker {
             "{{\"model_path\":{m},\"tokenizer_path\":{m},\"served_model_name\":{m},\"port\":{port},\"tp_size\":1,\"dp_size\":{},\"max_running_requests\":{},\"max_total_num_tokens\":{},\"context_length\":32768,\"page_size\":{},\"version\":\"0.0.0-smg-sim\",\"internal_states\":[{{\"last_gen_throughput\":0.0}}]}}",
             spec.dp_size,
             spec.max_running,
-            cache.capacity_tokens(),
+            if spec.kv_cache_tokens > 0 { spec.kv_cache_tokens } else { cache.capacity_tokens() },
             spec.block_tokens
         )
         .into_bytes();
@@ -111,8 +114,9 @@ impl Worker {
             timing: Cell::new(spec.timing),
             faults: Cell::new(spec.faults),
             health: Health::new(spec.unhealthy_for_ms, spec.start_unhealthy, spec.flap_health_ms),
-            slots: Semaphore::new(spec.max_running),
+            gate: Gate::new(spec.max_running, spec.kv_cache_tokens),
             max_running: spec.max_running,
+            profile: spec.profile,
             cache: RefCell::new(cache),
             rng: Rng::from_entropy(),
             died: Event::default(),
@@ -130,11 +134,11 @@ impl Worker {
     }
 
     pub fn running(&self) -> usize {
-        self.max_running - self.slots.available()
+        self.gate.running()
     }
 
     pub fn waiting(&self) -> usize {
-        self.slots.waiting()
+        self.gate.waiting()
     }
 
     /// (running, waiting) as the load endpoints report them: the real figures, or the
@@ -148,6 +152,14 @@ impl Worker {
                 (running, n - running)
             }
             None => (self.running(), self.waiting()),
+        }
+    }
+
+    /// SGLang's max_total_num_tokens: the KV capacity when limited, else the prefix cache's.
+    pub fn max_total_tokens(&self) -> u64 {
+        match self.gate.capacity_tokens() {
+            0 => self.cache.borrow().capacity_tokens(),
+            n => n,
         }
     }
 
