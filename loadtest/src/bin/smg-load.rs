@@ -31,13 +31,7 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Run(args) => args.plan().and_then(|p| run::execute(&p)).map(|r| {
-            if args.json {
-                println!("{}", r.to_json());
-            } else {
-                print!("{}", r.to_table());
-            }
-        }),
+        Cmd::Run(args) => run::cli(&args),
         Cmd::Compare(args) => compare::run(&args),
         Cmd::Failover(args) => failover::run(&args),
     };

@@ -17,7 +17,8 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::load::report::Report;
-use crate::load::run::{execute, LoadPlan, Mode};
+use crate::load::report_dir::{self, Entry};
+use crate::load::run::{execute_recorded, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
 use crate::rt;
 
@@ -85,6 +86,9 @@ pub struct CompareArgs {
     /// Print rows as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Write per-request records (records.csv), summary.json and report.html into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
 }
 
 /// One target's aggregated result.
@@ -415,6 +419,8 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         scenario.requests(&host, None, &args.headers).swap_remove(0).to_vec()
     };
     let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
+    let mut entries: Vec<Entry> = Vec::new();
+    let session = Instant::now();
     for round in 0..args.rounds.max(1) {
         // The start position rotates each round: on this box whichever target runs first in
         // a round measured ~6% more CPU per request (an A/A run of one binary under two
@@ -447,8 +453,13 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 target_pids: proc_.as_ref().map(|p| vec![p.child.id()]).unwrap_or_default(),
                 stop: None,
             };
-            let report = execute(&plan)?;
+            let t0_s = session.elapsed().as_secs_f64() + args.warmup.as_secs_f64();
+            let measured = execute_recorded(&plan, args.report.is_some())?;
             drop(proc_);
+            let report = measured.report.clone();
+            if args.report.is_some() {
+                entries.push(Entry::new(t.name, None, round + 1, t0_s, measured));
+            }
             eprintln!(
                 "round {} {:<10} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}",
                 round + 1,
@@ -529,6 +540,16 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     }
     for n in &notes {
         eprintln!("note: {n}");
+    }
+    if let Some(dir) = &args.report {
+        let page = report_dir::Page {
+            title: format!("smg-load compare: {} c={}", scenario.name, args.concurrency),
+            kind: "compare",
+            notes,
+            ..Default::default()
+        };
+        report_dir::write(dir, &page, &entries)?;
+        eprintln!("report: {}", dir.join("report.html").display());
     }
     Ok(())
 }
