@@ -110,17 +110,17 @@ pub struct Row {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Direct,
     Smg,
     Nginx,
     SmgPython,
 }
 
-struct Target {
-    kind: Kind,
-    name: &'static str,
-    bin: Option<PathBuf>,
+pub(crate) struct Target {
+    pub(crate) kind: Kind,
+    pub(crate) name: &'static str,
+    pub(crate) bin: Option<PathBuf>,
 }
 
 /// A started child process, stopped (SIGTERM, then SIGKILL) when dropped.
@@ -134,6 +134,10 @@ pub(crate) struct Proc {
 impl Proc {
     pub(crate) fn new(child: Child) -> Self {
         Self { child, _dir: None }
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
@@ -180,7 +184,7 @@ pub(crate) fn free_port() -> Result<u16, String> {
     l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
@@ -235,7 +239,7 @@ pub(crate) fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within
     Err(format!("not ready within {within:?}"))
 }
 
-fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
+pub(crate) fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
     let bin = sim_bin(args.sim_bin.as_deref())?;
     let mut cmd = pinned(args.load_core, &bin);
     let models = if scenario.models.is_empty() { vec![scenario.model.clone()] } else { scenario.models.clone() };
@@ -297,7 +301,7 @@ http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path
 }
 
 /// Starts the system under test; None for direct.
-fn start_target(
+pub(crate) fn start_target(
     t: &Target,
     args: &CompareArgs,
     sim_ports: &[u16],
@@ -372,7 +376,7 @@ pub(crate) fn gateway_bin(given: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/smg"))
 }
 
-fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Target>, String> {
+pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Target>, String> {
     let mut out = Vec::new();
     for name in args.targets.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, name, bin) = match name {

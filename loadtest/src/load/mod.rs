@@ -1,4 +1,4 @@
-//! smg-load: open- and closed-loop HTTP/1.1 load generation with latency, TTFT and ITL histograms, the side-by-side compare, the report directory, and the failover timing.
+//! smg-load: open- and closed-loop HTTP/1.1 load generation with latency, TTFT and ITL histograms, the side-by-side compare, the rate sweep, the report directory, and the failover timing.
 
 pub mod blocking;
 pub mod client;
@@ -17,3 +17,4 @@ pub mod scenario;
 pub mod slo;
 pub mod sse;
 pub mod svg;
+pub mod sweep;
