@@ -19,12 +19,16 @@ fn out_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The sweep's knee is a timing measurement: it must not share the two cores with a browser.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"].iter().map(PathBuf::from).find(|p| p.is_file())
 }
 
 #[test]
 fn sweep_finds_the_knee_of_a_known_capacity() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for legacy in DRIVERS {
         // 8 batch slots, ~22 ms per request (20 ms TTFT, one token, plus overhead): the
         // simulator serves 8 / 0.022 ≈ 360 req/s; 8 / 0.020 = 400 req/s is the ceiling.
@@ -45,7 +49,7 @@ fn sweep_finds_the_knee_of_a_known_capacity() {
                 "--slo",
                 "e2e=100ms",
                 "--duration",
-                "1500ms",
+                "2s",
                 "--warmup",
                 "300ms",
                 "--report",
@@ -124,6 +128,7 @@ fn check_page(chrome: &Path, dir: &Path, min_charts: usize) -> String {
 
 #[test]
 fn report_pages_render_in_a_headless_browser() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(chrome) = chromium() else {
         eprintln!("note: chromium not installed (apt-get install -y chromium): browser check skipped");
         return;
