@@ -1,11 +1,13 @@
 //! smg-load entry point: `run` drives one target, `compare` runs targets side by side, `failover`
-//! times how fast the gateway stops routing to a dead worker.
+//! times how fast the gateway stops routing to a dead worker, `sweep` finds each target's capacity.
 
 use clap::{Parser, Subcommand};
 
 use smg_loadtest::load::compare::{self, CompareArgs};
 use smg_loadtest::load::failover::{self, FailoverArgs};
 use smg_loadtest::load::run::{self, RunArgs};
+// sweep: open-loop rates up to each target's knee under an SLO.
+use smg_loadtest::load::sweep::{self, SweepArgs};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -26,20 +28,17 @@ enum Cmd {
     Compare(CompareArgs),
     /// Kill simulated workers behind smg under load and report how long until each is no longer routable.
     Failover(FailoverArgs),
+    /// Open-loop runs at rising rates against targets, goodput under --slo, and each target's capacity.
+    Sweep(SweepArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Run(args) => args.plan().and_then(|p| run::execute(&p)).map(|r| {
-            if args.json {
-                println!("{}", r.to_json());
-            } else {
-                print!("{}", r.to_table());
-            }
-        }),
+        Cmd::Run(args) => run::cli(&args),
         Cmd::Compare(args) => compare::run(&args),
         Cmd::Failover(args) => failover::run(&args),
+        Cmd::Sweep(args) => sweep::run(&args),
     };
     if let Err(e) = result {
         eprintln!("smg-load: {e}");

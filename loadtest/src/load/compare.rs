@@ -17,7 +17,8 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::load::report::Report;
-use crate::load::run::{execute, LoadPlan, Mode};
+use crate::load::report_dir::{self, Entry};
+use crate::load::run::{execute_recorded, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
 use crate::rt;
 
@@ -85,6 +86,9 @@ pub struct CompareArgs {
     /// Print rows as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Write per-request records (records.csv), summary.json and report.html into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
 }
 
 /// One target's aggregated result.
@@ -106,17 +110,17 @@ pub struct Row {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Direct,
     Smg,
     Nginx,
     SmgPython,
 }
 
-struct Target {
-    kind: Kind,
-    name: &'static str,
-    bin: Option<PathBuf>,
+pub(crate) struct Target {
+    pub(crate) kind: Kind,
+    pub(crate) name: &'static str,
+    pub(crate) bin: Option<PathBuf>,
 }
 
 /// A started child process, stopped (SIGTERM, then SIGKILL) when dropped.
@@ -130,6 +134,10 @@ pub(crate) struct Proc {
 impl Proc {
     pub(crate) fn new(child: Child) -> Self {
         Self { child, _dir: None }
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
@@ -176,7 +184,7 @@ pub(crate) fn free_port() -> Result<u16, String> {
     l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
@@ -231,7 +239,7 @@ pub(crate) fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within
     Err(format!("not ready within {within:?}"))
 }
 
-fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
+pub(crate) fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
     let bin = sim_bin(args.sim_bin.as_deref())?;
     let mut cmd = pinned(args.load_core, &bin);
     let models = if scenario.models.is_empty() { vec![scenario.model.clone()] } else { scenario.models.clone() };
@@ -293,7 +301,7 @@ http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path
 }
 
 /// Starts the system under test; None for direct.
-fn start_target(
+pub(crate) fn start_target(
     t: &Target,
     args: &CompareArgs,
     sim_ports: &[u16],
@@ -368,7 +376,7 @@ pub(crate) fn gateway_bin(given: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/smg"))
 }
 
-fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Target>, String> {
+pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Target>, String> {
     let mut out = Vec::new();
     for name in args.targets.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, name, bin) = match name {
@@ -415,6 +423,8 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         scenario.requests(&host, None, &args.headers).swap_remove(0).to_vec()
     };
     let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
+    let mut entries: Vec<Entry> = Vec::new();
+    let session = Instant::now();
     for round in 0..args.rounds.max(1) {
         // The start position rotates each round: on this box whichever target runs first in
         // a round measured ~6% more CPU per request (an A/A run of one binary under two
@@ -447,8 +457,13 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 target_pids: proc_.as_ref().map(|p| vec![p.child.id()]).unwrap_or_default(),
                 stop: None,
             };
-            let report = execute(&plan)?;
+            let t0_s = session.elapsed().as_secs_f64() + args.warmup.as_secs_f64();
+            let measured = execute_recorded(&plan, args.report.is_some())?;
             drop(proc_);
+            let report = measured.report.clone();
+            if args.report.is_some() {
+                entries.push(Entry::new(t.name, None, round + 1, t0_s, measured));
+            }
             eprintln!(
                 "round {} {:<10} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}",
                 round + 1,
@@ -529,6 +544,16 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     }
     for n in &notes {
         eprintln!("note: {n}");
+    }
+    if let Some(dir) = &args.report {
+        let page = report_dir::Page {
+            title: format!("smg-load compare: {} c={}", scenario.name, args.concurrency),
+            kind: "compare",
+            notes,
+            ..Default::default()
+        };
+        report_dir::write(dir, &page, &entries)?;
+        eprintln!("report: {}", dir.join("report.html").display());
     }
     Ok(())
 }

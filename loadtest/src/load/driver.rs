@@ -10,6 +10,7 @@ use bytes::Bytes;
 use monoio::time::Instant;
 
 use crate::load::client::{ClientError, Conn};
+use crate::load::records::Records;
 use crate::load::report::Stats;
 
 /// Counters the main thread reads for the live progress line.
@@ -37,12 +38,15 @@ pub struct ThreadPlan {
     pub progress: Arc<Progress>,
     /// Set by another thread to end an open-ended run (failover keeps load up while it works).
     pub stop: Option<Arc<AtomicBool>>,
+    /// Keep a row per measured request (`--report`).
+    pub record: bool,
 }
 
 /// Per-thread run state.
 pub struct Ctx {
     pub plan: ThreadPlan,
     pub stats: RefCell<Stats>,
+    pub records: RefCell<Records>,
     pub started: Instant,
     pub measure_from: Instant,
     pub stop_at: Option<Instant>,
@@ -60,6 +64,7 @@ impl Ctx {
             measure_from: started + plan.warmup,
             stop_at: plan.duration.map(|d| started + plan.warmup + d),
             stats: RefCell::new(Stats::default()),
+            records: RefCell::new(Records::new(plan.record)),
             started,
             next: Cell::new(0),
             issued: Cell::new(0),
@@ -114,18 +119,21 @@ impl Ctx {
         self.last_done.set(now);
         let latency_us = (now - origin).as_micros() as u64;
         let record = origin >= self.measure_from;
+        let start_us = if record { (origin - self.measure_from).as_micros() as u64 } else { 0 };
         let failed = match res {
             Ok(Ok(ex)) => {
                 let ok = (200..300).contains(&ex.status) && !ex.stream_broken;
                 if record {
                     let ttft = ex.first_token.map(|t| (t.saturating_duration_since(origin)).as_micros() as u64);
                     self.stats.borrow_mut().record(&ex, latency_us, ttft, &conn.itl_us);
+                    self.records.borrow_mut().response(start_us, &ex, latency_us, ttft, &conn.itl_us);
                 }
                 !ok
             }
             Ok(Err(e)) => {
                 if record {
                     self.stats.borrow_mut().record_error(&e, latency_us);
+                    self.records.borrow_mut().failure(start_us, Some(&e), latency_us);
                 }
                 if matches!(e, ClientError::Connect(_)) {
                     // A refused connect returns at once; do not spin on a dead target.
@@ -137,6 +145,7 @@ impl Ctx {
                 conn.reset();
                 if record {
                     self.stats.borrow_mut().record_timeout(latency_us);
+                    self.records.borrow_mut().failure(start_us, None, latency_us);
                 }
                 true
             }

@@ -1,4 +1,4 @@
-//! smg-load: open- and closed-loop HTTP/1.1 load generation with latency, TTFT and ITL histograms, the side-by-side compare, and the failover timing.
+//! smg-load: open- and closed-loop HTTP/1.1 load generation with latency, TTFT and ITL histograms, the side-by-side compare, the rate sweep, the report directory, and the failover timing.
 
 pub mod blocking;
 pub mod client;
@@ -8,8 +8,14 @@ pub mod cpu;
 pub mod driver;
 pub mod failover;
 pub mod open_loop;
+pub mod page;
+pub mod records;
 pub mod report;
+pub mod report_dir;
 pub mod run;
 pub mod scenario;
+pub mod slo;
 pub mod sse;
+pub mod svg;
+pub mod sweep;
 pub mod trace;

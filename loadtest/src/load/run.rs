@@ -13,7 +13,9 @@ use crate::load::client::build_request;
 use crate::load::cpu;
 use crate::load::driver::{Ctx, Progress, ThreadPlan};
 use crate::load::open_loop::Arrivals;
+use crate::load::records::Records;
 use crate::load::report::{CpuUse, Report, Stats};
+use crate::load::report_dir::{self, Curves, Entry};
 use crate::load::scenario::Scenario;
 use crate::load::trace::Trace;
 use crate::load::{closed_loop, open_loop};
@@ -94,6 +96,9 @@ pub struct RunArgs {
     /// Prompt bytes per token when sizing trace prompts (smg-sim's --bytes-per-token).
     #[arg(long, default_value_t = 4)]
     pub trace_bytes_per_token: usize,
+    /// Write per-request records (records.csv), summary.json and report.html into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// Load mode of a run.
@@ -240,8 +245,42 @@ impl RunArgs {
     }
 }
 
+/// A run's report plus what `--report` needs: per-request rows and latency distributions.
+pub struct Measured {
+    pub report: Report,
+    pub records: Records,
+    pub curves: Curves,
+}
+
+/// `smg-load run`: run, print, and write the report directory when asked.
+pub fn cli(args: &RunArgs) -> Result<(), String> {
+    let plan = args.plan()?;
+    let m = execute_recorded(&plan, args.report.is_some())?;
+    if args.json {
+        println!("{}", m.report.to_json());
+    } else {
+        print!("{}", m.report.to_table());
+    }
+    if let Some(dir) = &args.report {
+        let rate = match plan.mode {
+            Mode::Open { rate, .. } => Some(rate),
+            Mode::Closed { .. } => None,
+        };
+        let entry = Entry::new(&args.url, rate, 1, 0.0, m);
+        let page = report_dir::Page { title: format!("smg-load run: {}", args.url), kind: "run", ..Default::default() };
+        report_dir::write(dir, &page, &[entry])?;
+        eprintln!("report: {}", dir.join("report.html").display());
+    }
+    Ok(())
+}
+
 /// Runs the plan on its threads and builds the report.
 pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
+    execute_recorded(plan, false).map(|m| m.report)
+}
+
+/// Runs the plan; with `record`, every measured request also leaves a row.
+pub fn execute_recorded(plan: &LoadPlan, record: bool) -> Result<Measured, String> {
     let progress = Arc::new(Progress::default());
     let cpu_before: Vec<Option<cpu::Ticks>> = plan.target_pids.iter().map(|&p| cpu::tree_ticks(p)).collect();
     let wall = Instant::now();
@@ -260,6 +299,7 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
             parse_usage: plan.parse_usage,
             progress: progress.clone(),
             stop: plan.stop.clone(),
+            record,
         };
         let mode = match &plan.mode {
             Mode::Closed { concurrency } => Mode::Closed { concurrency: share(*concurrency as u64).max(1) as usize },
@@ -284,7 +324,8 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
                     }
                     let secs = ctx.measured_secs();
                     let stats = std::mem::take(&mut *ctx.stats.borrow_mut());
-                    (stats, secs)
+                    let records = std::mem::take(&mut *ctx.records.borrow_mut());
+                    (stats, records, secs)
                 })
                 .map_err(|e| format!("runtime: {e}"))
             })
@@ -313,10 +354,12 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
     }
     let wall_secs = wall.elapsed().as_secs_f64();
     let mut merged = Stats::default();
+    let mut records = Records::new(record);
     let mut secs: f64 = 0.0;
     for j in joins {
-        let (s, t) = j.join().map_err(|_| "a load thread panicked".to_string())??;
+        let (s, r, t) = j.join().map_err(|_| "a load thread panicked".to_string())??;
         merged.merge(&s);
+        records.merge(r);
         secs = secs.max(t);
     }
     let all_requests = progress.done.load(Ordering::Relaxed).max(1);
@@ -344,7 +387,8 @@ pub fn execute(plan: &LoadPlan) -> Result<Report, String> {
         Mode::Open { rate, arrivals: Arrivals::Trace(_), .. } => format!("open trace, mean {rate:.1} rps"),
         Mode::Open { rate, arrivals, .. } => format!("open {rate} rps {arrivals:?}"),
     };
-    Ok(Report::build(&plan.scenario_name, &plan.url, &mode, plan.threads, secs, &merged, target_cpu))
+    let report = Report::build(&plan.scenario_name, &plan.url, &mode, plan.threads, secs, &merged, target_cpu);
+    Ok(Measured { report, records, curves: Curves::of(&merged) })
 }
 
 #[cfg(test)]
