@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod local;
+pub mod transcriptions;
 
 pub use error::ApiError;
 
@@ -44,7 +45,7 @@ const fn spec(
 }
 
 /// Every inference endpoint forwarded to workers.
-pub static ENDPOINTS: [EndpointSpec; 11] = [
+pub static ENDPOINTS: [EndpointSpec; 12] = [
     spec("/v1/chat/completions", "chatcmpl-", Some(contract::Endpoint::ChatCompletions), Some(TextSource::Chat)),
     spec("/v1/completions", "cmpl-", Some(contract::Endpoint::Completions), Some(TextSource::Completion)),
     spec("/generate", "gnt-", None, Some(TextSource::Generate)),
@@ -56,6 +57,8 @@ pub static ENDPOINTS: [EndpointSpec; 11] = [
     spec("/v1/classify", "classify-", None, None),
     spec("/v1/tokenize", "tok-", None, None),
     spec("/v1/detokenize", "detok-", None, None),
+    // A multipart form, checked by `transcriptions` and forwarded with its own Content-Type.
+    spec(transcriptions::PATH, "trsc-", None, None),
 ];
 
 /// Answers the gateway gives itself.
@@ -180,6 +183,7 @@ mod tests {
         };
         assert_eq!(proxy("/v1/chat/completions"), Some("/v1/chat/completions"));
         assert_eq!(proxy("/rerank"), Some("/rerank"));
+        assert_eq!(proxy("/v1/audio/transcriptions"), Some(transcriptions::PATH));
         assert_eq!(proxy("/v1/chat/completions/"), None);
         assert_eq!(classify(Method::Get, b"/liveness").action, Action::Local(Local::Health));
         assert_eq!(classify(Method::Head, b"/v1/models").action, Action::Local(Local::Models));

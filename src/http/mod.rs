@@ -7,6 +7,7 @@ pub use smg_wire::chunked;
 pub mod body;
 pub mod date;
 pub mod head;
+pub mod multipart;
 pub mod pool;
 pub mod relay;
 pub mod respond;

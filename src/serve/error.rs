@@ -85,6 +85,8 @@ pub enum Failure {
     Rejected(ApiError),
     /// Refused by the request contract, with the contract's own body.
     Invalid(ContractError),
+    /// A transcription form the contract refuses: a plain-text `400` with this message.
+    Form(String),
     /// No key, or one that matches nothing: 401 with an empty body.
     Unauthorized,
     /// A valid key without the right role: 403 with an empty body.
@@ -149,7 +151,7 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
         }
         Failure::Internal(InternalError::Panic) => ApiError::internal("internal_error", "Internal error"),
         Failure::Rejected(e) => e.clone(),
-        Failure::Invalid(_) | Failure::Unauthorized | Failure::Forbidden => return None,
+        Failure::Invalid(_) | Failure::Form(_) | Failure::Unauthorized | Failure::Forbidden => return None,
     })
 }
 
@@ -172,6 +174,12 @@ pub fn respond(
         let resp = Simple { status: c.status(), content_type: "application/json", headers: &[], body: &body };
         write_simple(out, &resp, head_only, stamp);
         return (c.status(), "");
+    }
+    if let Failure::Form(msg) = f {
+        let resp =
+            Simple { status: 400, content_type: "text/plain; charset=utf-8", headers: &[], body: msg.as_bytes() };
+        write_simple(out, &resp, head_only, stamp);
+        return (400, "");
     }
     let e = api_error(f, worker).unwrap_or_else(|| ApiError::internal("internal_error", "unmapped failure"));
     e.write_response(out, head_only, stamp);

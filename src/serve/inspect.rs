@@ -1,11 +1,12 @@
 //! Phase: inspect. Validates the body against the endpoint's schema where the contract
-//! models one (and plans its splices on the original bytes); elsewhere reads only `model`.
+//! models one (and plans its splices on the original bytes); elsewhere reads only `model`,
+//! from the JSON body or, for transcriptions, from the multipart form.
 
 use sonic_rs::JsonValueTrait;
 
 use super::ctx::RequestCtx;
 use super::error::Failure;
-use crate::api::EndpointSpec;
+use crate::api::{transcriptions, EndpointSpec};
 use crate::contract;
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -23,6 +24,9 @@ pub fn inspect(
     let received = body.bytes(buf);
     ctx.bytes_in = received.len() as u64;
     let Some(schema) = spec.schema else {
+        if spec.path == transcriptions::PATH {
+            return transcription(shard, head, buf, body, ctx);
+        }
         let (model, alias) = lazy_model(received, &shard.cfg().aliases);
         ctx.model = model;
         // An alias is spliced over the `model` string, as the modeled endpoints do.
@@ -46,6 +50,32 @@ pub fn inspect(
     } else {
         Ok(Body::Owned(contract::apply(received, &ins.edits)))
     }
+}
+
+/// A transcription form: checked as it streams through the multipart reader (a plain-text
+/// `400` when the contract refuses it), routed on its `model` field. An alias is spliced
+/// over that field's value; otherwise the form goes on byte for byte.
+fn transcription(
+    shard: &Shard,
+    head: &RequestHead,
+    buf: &[u8],
+    body: Body,
+    ctx: &mut RequestCtx,
+) -> Result<Body, Failure> {
+    let received = body.bytes(buf);
+    let form = transcriptions::validate(head.header(buf, "content-type"), received).map_err(Failure::Form)?;
+    ctx.streaming = form.stream;
+    let aliases = &shard.cfg().aliases;
+    let canonical = (!aliases.is_empty()).then(|| aliases.resolve(&form.model)).flatten();
+    let Some(canonical) = canonical else {
+        ctx.model = Some(form.model);
+        return Ok(body);
+    };
+    let at = form.model_at;
+    let edit = contract::Splice { start: at.start, end: at.end, text: canonical.as_bytes().to_vec() };
+    let rewritten = Body::Owned(contract::apply(received, &[edit]));
+    ctx.model = Some(canonical.to_owned());
+    Ok(rewritten)
 }
 
 /// For endpoints without a modeled schema: only `model`, with a lazy get (DESIGN.md measured

@@ -54,7 +54,7 @@ use client::Client;
 use ctx::RequestCtx;
 use error::{ClientError, Failure, InternalError};
 use finish::{finish, Next, Outcome, READ_BUF};
-use upstream::{attempt, relay_response, upstream_head, AttemptError, Plan};
+use upstream::{attempt, client_content_type, relay_response, upstream_head, AttemptError, Plan};
 
 /// Serves one client connection until it closes; a panic outside a request's phases ends
 /// only this connection.
@@ -338,6 +338,7 @@ async fn forward(
     let mut fresh = false;
     // Workers this request failed on (allocates only on a retry).
     let mut failed_on: Vec<WorkerId> = Vec::new();
+    let content_type = client_content_type(spec, head, &client.buf);
     loop {
         let picked = pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, &failed_on);
         if let Err(f) = picked {
@@ -348,8 +349,9 @@ async fn forward(
         up_head.clear();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);
         let authority = &worker.url.authority;
-        let skip =
-            upstream_head(&mut up_head, head, &client.buf, authority, body.bytes(&client.buf), span, &worker.meta);
+        let bytes = body.bytes(&client.buf);
+        let ct = content_type.as_ref();
+        let skip = upstream_head(&mut up_head, head, &client.buf, authority, bytes, span, &worker.meta, ct);
         let plan = Plan { skip, fresh };
         // Until its response reaches the client, a request holding a scheduler slot may be
         // preempted: the attempt (and with it the worker connection) is dropped at once.

@@ -3,6 +3,7 @@
 //! response head. The relay then streams the response and hands the connection back to
 //! the pool when it is clean.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use smg_wire::num::put_dec;
@@ -11,6 +12,7 @@ use super::client::Client;
 use super::ctx::RequestCtx;
 use super::error::{Failure, InternalError, WorkerCause, WorkerError};
 use super::finish::{announce_close, Outcome};
+use crate::api::{transcriptions, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
 use crate::http::pool::{self, UpstreamConn};
@@ -47,6 +49,9 @@ impl From<WorkerError> for AttemptError {
 /// client's. For a data-parallel rank the body gets `"data_parallel_rank": k` spliced in
 /// after its opening brace: the head ends with the brace and the field, and the returned
 /// count of body bytes (up to and including the brace) is skipped when the body is written.
+/// The Content-Type is `application/json`, or the client's own when `content_type` points
+/// at it (a multipart form keeps its boundary).
+#[allow(clippy::too_many_arguments)]
 pub fn upstream_head(
     out: &mut Vec<u8>,
     head: &RequestHead,
@@ -55,6 +60,7 @@ pub fn upstream_head(
     body: &[u8],
     span: Option<&SpanIds>,
     meta: &WorkerMeta,
+    content_type: Option<&Range<usize>>,
 ) -> usize {
     let mut splice = [0u8; 48];
     let (skip, insert) = match meta.dp_rank.and_then(|r| rank_splice(body, r, &mut splice)) {
@@ -65,7 +71,9 @@ pub fn upstream_head(
     out.extend_from_slice(&buf[head.target.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(authority.as_bytes());
-    out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+    out.extend_from_slice(b"\r\ncontent-type: ");
+    out.extend_from_slice(content_type.map_or(&b"application/json"[..], |r| &buf[r.clone()]));
+    out.extend_from_slice(b"\r\ncontent-length: ");
     put_dec(out, (body.len() - skip + insert.len()) as u64);
     out.extend_from_slice(b"\r\n");
     for h in &head.forward {
@@ -91,6 +99,16 @@ pub fn upstream_head(
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(insert);
     skip
+}
+
+/// Where the client's Content-Type value is in the connection buffer, for the endpoints that
+/// forward it (transcriptions: a form and its boundary); None for the JSON ones.
+pub fn client_content_type(spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Option<Range<usize>> {
+    if spec.path != transcriptions::PATH {
+        return None;
+    }
+    let h = head.headers.iter().find(|h| buf[h.name.clone()].eq_ignore_ascii_case(b"content-type"))?;
+    Some(h.value.clone())
 }
 
 /// `{"data_parallel_rank":k,` (or without the comma for an empty object) and how many body
