@@ -133,9 +133,9 @@ fn report_pages_render_in_a_headless_browser() {
         eprintln!("note: chromium not installed (apt-get install -y chromium): browser check skipped");
         return;
     };
-    let sim_args = "--ttft-ms 2 --itl-ms 1 --fail-rate 0.05";
+    let sim_args = "--ttft-ms 2 --itl-ms 1 --fail-rate 0.2";
     // A run page: one entry, so only the distributions and the time line.
-    let sim = Sim::start(&["--ports", "0", "--ttft-ms", "2", "--itl-ms", "1", "--fail-rate", "0.05"], false);
+    let sim = Sim::start(&["--ports", "0", "--ttft-ms", "2", "--itl-ms", "1", "--fail-rate", "0.2"], false);
     let run_dir = out_dir("run-sse");
     let r = smg_load(
         &[
