@@ -2,6 +2,7 @@
 //! of the body is read. Inference endpoints carry their [`EndpointSpec`] (schema, routing
 //! text, id prefix) from one table; everything else is answered here ([`local`]).
 
+pub mod decisions;
 pub mod error;
 pub mod local;
 
@@ -38,13 +39,14 @@ const fn spec(
         b"/v1/rerank" | b"/rerank" => "rerank",
         b"/v1/responses" => "responses",
         b"/v1/messages" => "messages",
+        b"/v1/decisions" => "decisions",
         _ => "other",
     };
     EndpointSpec { path, metric, id_prefix, schema, text }
 }
 
 /// Every inference endpoint forwarded to workers.
-pub static ENDPOINTS: [EndpointSpec; 11] = [
+pub static ENDPOINTS: [EndpointSpec; 12] = [
     spec("/v1/chat/completions", "chatcmpl-", Some(contract::Endpoint::ChatCompletions), Some(TextSource::Chat)),
     spec("/v1/completions", "cmpl-", Some(contract::Endpoint::Completions), Some(TextSource::Completion)),
     spec("/generate", "gnt-", None, Some(TextSource::Generate)),
@@ -56,6 +58,7 @@ pub static ENDPOINTS: [EndpointSpec; 11] = [
     spec("/v1/classify", "classify-", None, None),
     spec("/v1/tokenize", "tok-", None, None),
     spec("/v1/detokenize", "detok-", None, None),
+    spec("/v1/decisions", "dec-", Some(contract::Endpoint::Decisions), None),
 ];
 
 /// Answers the gateway gives itself.
