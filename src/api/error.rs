@@ -46,6 +46,29 @@ impl ApiError {
         e
     }
 
+    /// Decisions: no worker of the model can serve them (`decisions_not_supported`).
+    pub fn decisions_not_supported(model: &str) -> Self {
+        Self::new(
+            501,
+            "decisions_not_supported",
+            format!("Decisions are not supported by any worker serving model '{model}'"),
+        )
+    }
+
+    /// Decisions on an SGLang worker that SGLang Decisions cannot honor.
+    pub fn unsupported_decisions_request(why: impl Into<String>) -> Self {
+        Self::new(400, "unsupported_decisions_request", why)
+    }
+
+    /// An SGLang worker's successful Decisions reply that does not map to the contract.
+    pub fn invalid_decisions_response() -> Self {
+        Self::new(
+            502,
+            "invalid_decisions_response",
+            "The worker's decisions result could not be mapped to a valid response",
+        )
+    }
+
     pub fn body_too_large(limit: usize) -> Self {
         Self::new(413, "request_body_too_large", format!("Request body exceeds --max-payload-size ({limit} bytes)"))
     }

@@ -2,6 +2,7 @@
 //! of the body is read. Inference endpoints carry their [`EndpointSpec`] (schema, routing
 //! text, id prefix) from one table; everything else is answered here ([`local`]).
 
+pub mod decisions;
 pub mod error;
 pub mod local;
 pub mod transcriptions;
@@ -39,13 +40,14 @@ const fn spec(
         b"/v1/rerank" | b"/rerank" => "rerank",
         b"/v1/responses" => "responses",
         b"/v1/messages" => "messages",
+        b"/v1/decisions" => "decisions",
         _ => "other",
     };
     EndpointSpec { path, metric, id_prefix, schema, text }
 }
 
 /// Every inference endpoint forwarded to workers.
-pub static ENDPOINTS: [EndpointSpec; 12] = [
+pub static ENDPOINTS: [EndpointSpec; 13] = [
     spec("/v1/chat/completions", "chatcmpl-", Some(contract::Endpoint::ChatCompletions), Some(TextSource::Chat)),
     spec("/v1/completions", "cmpl-", Some(contract::Endpoint::Completions), Some(TextSource::Completion)),
     spec("/generate", "gnt-", None, Some(TextSource::Generate)),
@@ -59,6 +61,7 @@ pub static ENDPOINTS: [EndpointSpec; 12] = [
     spec("/v1/detokenize", "detok-", None, None),
     // A multipart form, checked by `transcriptions` and forwarded with its own Content-Type.
     spec(transcriptions::PATH, "trsc-", None, None),
+    spec("/v1/decisions", "dec-", Some(contract::Endpoint::Decisions), None),
 ];
 
 /// Answers the gateway gives itself.

@@ -1,4 +1,4 @@
-//! The request contract: validate a Chat Completions or Completions body and plan its rewrites.
+//! The request contract: validate a Chat Completions, Completions or Decisions body and plan its rewrites.
 //!
 //! Bodies are bytes, not objects (DESIGN.md): [`inspect`] scans the body once into a span tape
 //! ([`json`]), applies SMG's field, cross-field and provider-profile rules, and returns the
@@ -12,6 +12,7 @@
 
 mod chat;
 mod completions;
+pub mod decisions;
 mod error;
 mod fields;
 pub mod json;
@@ -37,6 +38,7 @@ use span::Edits;
 pub enum Endpoint {
     ChatCompletions,
     Completions,
+    Decisions,
 }
 
 /// `--model-alias alias=canonical` pairs (the flag is repeatable).
@@ -117,6 +119,7 @@ pub fn inspect(
     match endpoint {
         Endpoint::ChatCompletions => inspect_chat(doc, aliases),
         Endpoint::Completions => inspect_completion(doc, aliases),
+        Endpoint::Decisions => inspect_decision(doc, aliases),
     }
 }
 
@@ -166,6 +169,15 @@ fn inspect_completion(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspectio
         edits: edits.finish(),
         warnings: Vec::new(),
     })
+}
+
+/// Decisions: schema and limits only; the body is forwarded as sent (an alias spliced).
+fn inspect_decision(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspection, ContractError> {
+    let d = decisions::read(doc)?;
+    let mut edits = Edits::default();
+    let name = d.doc.str(d.model);
+    let model = resolve_model(&d.doc, d.model, &name, aliases, &mut edits);
+    Ok(Inspection { model, stream: false, max_output: None, choices: 1, edits: edits.finish(), warnings: Vec::new() })
 }
 
 /// The canonical model; an alias also gets a splice over the `model` string token.

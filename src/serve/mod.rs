@@ -25,6 +25,7 @@
 mod client;
 mod control;
 mod ctx;
+mod decisions;
 mod error;
 mod finish;
 mod inspect;
@@ -339,6 +340,9 @@ async fn forward(
     // Workers this request failed on (allocates only on a retry).
     let mut failed_on: Vec<WorkerId> = Vec::new();
     let content_type = client_content_type(spec, head, &client.buf);
+    // Decisions for an SGLang worker: the System One body, made when one is first picked.
+    let mut systemone: Option<decisions::Translated> = None;
+    let is_decisions = spec.schema == Some(crate::contract::Endpoint::Decisions);
     loop {
         let picked = pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, &failed_on);
         if let Err(f) = picked {
@@ -346,19 +350,34 @@ async fn forward(
         }
         let worker = ctx.chosen.as_ref().expect("picked").worker();
         let id = worker.id;
+        let translate = is_decisions && worker.meta.runtime == crate::workers::snapshot::Runtime::Sglang;
+        if translate && systemone.is_none() {
+            match decisions::translate(body.bytes(&client.buf), ctx.model.as_deref().unwrap_or("")) {
+                Ok(t) => systemone = Some(t),
+                Err(f) => return Outcome::Failed(f),
+            }
+        }
+        let worker = ctx.chosen.as_ref().expect("picked").worker();
         up_head.clear();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);
         let authority = &worker.url.authority;
-        let bytes = body.bytes(&client.buf);
+        let sent: &mut Body = match systemone.as_mut() {
+            Some(t) if translate => &mut t.body,
+            _ => &mut *body,
+        };
         let ct = content_type.as_ref();
+        let bytes = sent.bytes(&client.buf);
         let skip = upstream_head(&mut up_head, head, &client.buf, authority, bytes, span, &worker.meta, ct);
+        if translate {
+            decisions::retarget(&mut up_head, head.target.len());
+        }
         let plan = Plan { skip, fresh };
         // Until its response reaches the client, a request holding a scheduler slot may be
         // preempted: the attempt (and with it the worker connection) is dropped at once.
         let attempted = match ctx.slot.as_ref().map(|s| Rc::clone(s.held())) {
             Some(held) => {
                 monoio::select! {
-                    r = attempt(shard, client, ctx, &mut up_head, body, plan, &mut watch) => {
+                    r = attempt(shard, client, ctx, &mut up_head, sent, plan, &mut watch) => {
                         if r.is_ok() {
                             held.start();
                         }
@@ -372,7 +391,7 @@ async fn forward(
                     }
                 }
             }
-            None => attempt(shard, client, ctx, &mut up_head, body, plan, &mut watch).await,
+            None => attempt(shard, client, ctx, &mut up_head, sent, plan, &mut watch).await,
         };
         let failure = match attempted {
             Ok(answered) if retry::retryable_status(answered.head.status) && may_retry(shard, ctx) => {
@@ -382,6 +401,10 @@ async fn forward(
                 shard.record_outcome(id, AttemptVerdict::of_status(status));
                 crate::debug!("request {}: worker {} answered {status}; retrying", ctx.id_str(), ctx.worker_url());
                 None
+            }
+            Ok(answered) if translate && (200..300).contains(&answered.head.status) => {
+                let plan = &systemone.as_ref().expect("translated").plan;
+                return decisions::answer(shard, ctx, answered, plan).await;
             }
             Ok(answered) => {
                 ctx.retries_exhausted = retry::retryable_status(answered.head.status) && exhausted(shard, ctx);

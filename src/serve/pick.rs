@@ -8,10 +8,17 @@ use std::time::Instant;
 use super::ctx::{Chosen, RequestCtx};
 use super::error::Failure;
 use crate::api::{ApiError, EndpointSpec};
+use crate::contract;
 use crate::http::head::RequestHead;
 use crate::routing::{first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal};
 use crate::shard::Shard;
+use crate::workers::snapshot::{Runtime, Worker};
 use crate::workers::{Candidates, WorkerId};
+
+/// Decisions go to HTTP workers of a known engine; external providers do not serve them.
+fn decisions_eligible(w: &Worker) -> bool {
+    w.meta.runtime != Runtime::External
+}
 
 /// Picks a worker for `ctx` unless one is already chosen. `avoid`: workers that failed this
 /// request already; they are passed over while any other candidate is left.
@@ -32,6 +39,13 @@ pub fn pick_worker(
     }
     let snap = shard.snapshot();
     let model = ctx.model.as_deref();
+    let decisions = spec.schema == Some(contract::Endpoint::Decisions);
+    if decisions && !matches!(snap.candidates(model), Candidates::UnknownModel) {
+        let serves = |w: &Worker| model.is_none_or(|m| w.model.as_deref() == Some(m));
+        if !snap.workers.iter().any(|w| serves(w) && decisions_eligible(w)) {
+            return Err(ApiError::decisions_not_supported(model.unwrap_or("")).into());
+        }
+    }
     let all = match snap.candidates(model) {
         Candidates::UnknownModel => return Err(ApiError::model_not_found(model.unwrap_or("")).into()),
         Candidates::AllDown => return Err(ApiError::no_available_workers(model).into()),
@@ -41,14 +55,25 @@ pub fn pick_worker(
         }
         Candidates::Overloaded(list) => {
             // SMG's fallback without --worker-overload-shed: the least loaded of them.
-            let least = list.iter().copied().min_by_key(|&p| snap.workers[p].engine_load.unwrap_or(0));
-            let pos = least.expect("an overloaded list is never empty");
+            let fits = |p: &usize| !decisions || decisions_eligible(&snap.workers[*p]);
+            let least = list.iter().copied().filter(fits).min_by_key(|&p| snap.workers[p].engine_load.unwrap_or(0));
+            let Some(pos) = least else { return Err(ApiError::no_available_workers(model).into()) };
             let load = shard.hold_load(snap.workers[pos].id);
             ctx.timings.upstream_started = Some(Instant::now());
             ctx.chosen = Some(Chosen { snapshot: snap.clone(), pos, _load: load });
             return Ok(());
         }
         Candidates::Healthy(list) => list,
+    };
+    let eligible: Vec<usize>;
+    let all = if decisions {
+        eligible = all.iter().copied().filter(|&p| decisions_eligible(&snap.workers[p])).collect();
+        if eligible.is_empty() {
+            return Err(ApiError::no_available_workers(model).into());
+        }
+        &eligible
+    } else {
+        all
     };
     let spared: Vec<usize>;
     let positions = if avoid.is_empty() {

@@ -17,6 +17,7 @@ pub mod profile;
 pub mod render;
 pub mod request;
 pub mod routes;
+pub mod systemone;
 pub mod timing;
 pub mod worker;
 

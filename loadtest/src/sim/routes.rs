@@ -31,6 +31,8 @@ pub enum Route {
     /// vLLM `/version`, which SGLang lacks: one way a gateway tells the engines apart.
     Version,
     Infer(Api),
+    /// SGLang `/v1/systemone`, or vLLM `/v1/decisions` (see systemone.rs).
+    Decisions,
     FlushCache,
     SimControl,
     SimStats,
@@ -55,6 +57,8 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
         "/get_load" if sglang => Route::GetLoad,
         "/generate" if sglang => Route::Infer(Api::Generate),
         "/flush_cache" if sglang => Route::FlushCache,
+        "/v1/systemone" if sglang => Route::Decisions,
+        "/v1/decisions" if !sglang => Route::Decisions,
         "/reset_prefix_cache" if !sglang => Route::FlushCache,
         "/load" if !sglang => Route::VllmLoad,
         "/version" if !sglang => Route::Version,
@@ -153,7 +157,16 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
             Err(e) => error_reply(out, 400, &e, keep_alive, extra),
         },
         Route::Infer(api) if is_post => infer(w, api, body, keep_alive, out),
-        Route::SimControl | Route::Infer(_) => error_reply(out, 405, "method not allowed", keep_alive, extra),
+        Route::Decisions if is_post => match (bump(&w.stats.inference, 1), w.runtime).1 {
+            Runtime::Sglang => {
+                let (status, body) = crate::sim::systemone::systemone(body);
+                reply(out, status, JSON, &body)
+            }
+            _ => reply(out, 200, JSON, body),
+        },
+        Route::SimControl | Route::Infer(_) | Route::Decisions => {
+            error_reply(out, 405, "method not allowed", keep_alive, extra)
+        }
         Route::NotFound => error_reply(out, 404, "not found", keep_alive, extra),
     }
 }

@@ -1,0 +1,113 @@
+//! Decisions on an SGLang worker, the serving side: the System One body is prepared when
+//! pick chooses an SGLang worker (its refusals answered before dispatch), and a 2xx reply is
+//! read whole (up to `--max-payload-size`) and answered with the mapped Decisions body. A
+//! non-2xx reply is relayed as the worker sent it; every other worker never comes here.
+
+use smg_wire::chunked::ChunkedDecoder;
+
+use super::ctx::RequestCtx;
+use super::error::{Failure, WorkerCause, WorkerError};
+use super::finish::Outcome;
+use super::upstream::Answered;
+use crate::api::decisions::{self, Plan};
+use crate::api::ApiError;
+use crate::contract;
+use crate::http::body::Body;
+use crate::http::response_head::ResponseBody;
+use crate::io::{read_more_within, Timed};
+use crate::shard::Shard;
+use crate::workers::admin::AdminReply;
+use crate::workers::breaker::Verdict;
+
+/// The translated request: its body (sent instead of the client's) and how to map the reply.
+pub struct Translated {
+    pub body: Body,
+    pub plan: Plan,
+}
+
+/// Translates the (already validated) forwarded body for an SGLang worker.
+pub fn translate(body: &[u8], model: &str) -> Result<Translated, Failure> {
+    let bad = |m: String| Failure::Rejected(ApiError::unsupported_decisions_request(m));
+    let doc = contract::json::parse(body).map_err(|e| bad(e.describe(body)))?;
+    let d = contract::decisions::read(doc).map_err(|e| bad(e.message().to_owned()))?;
+    let (out, plan) = decisions::translate(&d, model).map_err(|u| bad(u.0))?;
+    Ok(Translated { body: Body::Owned(out), plan })
+}
+
+/// Replaces the request target of a written upstream head with `/v1/systemone`.
+pub fn retarget(up_head: &mut Vec<u8>, target_len: usize) {
+    up_head.splice(5..5 + target_len, decisions::SYSTEMONE_PATH.iter().copied());
+}
+
+/// A 2xx System One reply: read whole, mapped, answered by the gateway (502 when it does not
+/// map). The connection goes back to the pool when the body ended cleanly.
+pub async fn answer(shard: &Shard, ctx: &mut RequestCtx, answered: Answered, plan: &Plan) -> Outcome {
+    let Answered { mut conn, head } = answered;
+    let id = ctx.chosen.as_ref().expect("pick ran").worker().id;
+    let max = shard.cfg().max_payload_size;
+    let idle = shard.cfg().upstream_read_timeout;
+    let mut at = head.len;
+    let mut body = Vec::new();
+    let mut chunked = ChunkedDecoder::new();
+    let clean = loop {
+        let have = &conn.buf[at..];
+        let done = match head.body {
+            ResponseBody::None => true,
+            ResponseBody::Length { len } => {
+                let take = have.len().min(len as usize - body.len());
+                body.extend_from_slice(&have[..take]);
+                at += take;
+                body.len() as u64 == len
+            }
+            ResponseBody::Chunked => match chunked.feed(have, Some(&mut body)) {
+                Ok(n) => {
+                    at += n;
+                    chunked.is_done()
+                }
+                Err(e) => break Err(WorkerCause::BadBody(e.0)),
+            },
+            ResponseBody::Close => {
+                body.extend_from_slice(have);
+                at += have.len();
+                false
+            }
+        };
+        if done {
+            break Ok(at == conn.buf.len());
+        }
+        if body.len() > max {
+            break Err(WorkerCause::TooLarge { len: body.len() as u64, max });
+        }
+        conn.buf.drain(head.len.min(at)..at);
+        at = head.len.min(at);
+        let (res, buf) = read_more_within(&mut conn.stream, std::mem::take(&mut conn.buf), 16 * 1024, idle).await;
+        conn.buf = buf;
+        match res {
+            Timed::Done(Ok(n)) if n > 0 => {}
+            Timed::Done(_) if head.body == ResponseBody::Close => break Ok(false),
+            _ => break Err(WorkerCause::BadBody("the worker's decisions reply ended early")),
+        }
+    };
+    let reusable = match clean {
+        Ok(r) => r && head.keep_alive,
+        Err(cause) => {
+            shard.record_outcome(id, Verdict::Failure);
+            return Outcome::Failed(Failure::Worker(WorkerError::new(cause, conn.reused)));
+        }
+    };
+    shard.record_outcome(id, Verdict::of_status(head.status));
+    if reusable {
+        conn.buf.clear();
+        shard.put_conn(id, conn);
+    }
+    match decisions::map_reply(&body, plan) {
+        Some(out) => Outcome::Control(AdminReply {
+            status: 200,
+            content_type: "application/json",
+            body: out,
+            location: None,
+            api_error: None,
+        }),
+        None => Outcome::Failed(Failure::Rejected(ApiError::invalid_decisions_response())),
+    }
+}
