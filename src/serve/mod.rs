@@ -212,29 +212,7 @@ async fn admit(shard: &Shard, client: &Client, head: &RequestHead, ctx: &mut Req
     };
     let limit = shard.cfg().admission.as_ref().map(|a| a.queue_timeout).unwrap_or_default();
     let queued = Instant::now();
-    let mut watch = true;
-    let granted = loop {
-        let waited = Permits::wait(&ticket);
-        let expired = sleep(limit.saturating_sub(queued.elapsed()));
-        if watch {
-            monoio::select! {
-                granted = waited => break Some(granted),
-                _ = expired => break None,
-                closed = peer_closed(&client.stream) => {
-                    if closed {
-                        return Err(Outcome::ClientGone);
-                    }
-                    // Pipelined bytes: nothing more to learn from watching.
-                    watch = false;
-                }
-            }
-        } else {
-            monoio::select! {
-                granted = waited => break Some(granted),
-                _ = expired => break None,
-            }
-        }
-    };
+    let granted = queue_wait(client, limit, || Permits::wait(&ticket)).await?;
     ctx.admitted = Some(granted == Some(true));
     match granted {
         Some(true) => {
@@ -276,15 +254,32 @@ async fn admit_class(
         }
         Admission::Queued(t) => t,
     };
+    let granted = queue_wait(client, limit, || Scheduler::wait(&ticket)).await?.is_some();
+    ctx.admitted = Some(granted);
+    if !granted {
+        return Err(reject(ApiError::scheduler_queue_timeout()));
+    }
+    ctx.slot = Some(ticket.into_slot());
+    Ok(())
+}
+
+/// A queued request's wait (admission or scheduler): the grant, or None at `limit`; a
+/// client that hangs up meanwhile leaves the queue at once (its socket is watched until it
+/// shows pipelined bytes, after which watching says nothing more).
+async fn queue_wait<F: std::future::Future>(
+    client: &Client,
+    limit: std::time::Duration,
+    mut wait: impl FnMut() -> F,
+) -> Result<Option<F::Output>, Outcome> {
     let queued = Instant::now();
     let mut watch = true;
-    let granted = loop {
-        let waited = Scheduler::wait(&ticket);
+    loop {
+        let waited = wait();
         let expired = sleep(limit.saturating_sub(queued.elapsed()));
         if watch {
             monoio::select! {
-                _ = waited => break true,
-                _ = expired => break false,
+                granted = waited => return Ok(Some(granted)),
+                _ = expired => return Ok(None),
                 closed = peer_closed(&client.stream) => {
                     if closed {
                         return Err(Outcome::ClientGone);
@@ -294,17 +289,11 @@ async fn admit_class(
             }
         } else {
             monoio::select! {
-                _ = waited => break true,
-                _ = expired => break false,
+                granted = waited => return Ok(Some(granted)),
+                _ = expired => return Ok(None),
             }
         }
-    };
-    ctx.admitted = Some(granted);
-    if !granted {
-        return Err(reject(ApiError::scheduler_queue_timeout()));
     }
-    ctx.slot = Some(ticket.into_slot());
-    Ok(())
 }
 
 /// Phase: body.
