@@ -22,6 +22,45 @@ use crate::load::run::{execute_recorded, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
 use crate::rt;
 
+/// What the systems under test are and how they start: the simulated workers behind them,
+/// the gateway builds and their flags, nginx, SMG itself (`compare` and `sweep` share it).
+#[derive(Args, Debug, Clone)]
+pub struct SutArgs {
+    /// smg-sim binary (default: next to this executable).
+    #[arg(long)]
+    pub sim_bin: Option<PathBuf>,
+    /// Simulated workers per model, all behind every proxy target (`direct` uses the first):
+    /// how routing cost grows with the fleet.
+    #[arg(long, default_value_t = 1)]
+    pub sim_workers: usize,
+    /// Extra smg-sim flags, space separated (e.g. "--ttft-ms 5 --itl-ms 1").
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub sim_args: String,
+    /// Gateway binary (default: $SMG_BIN, else target/release/smg of this workspace).
+    #[arg(long)]
+    pub gateway_bin: Option<PathBuf>,
+    /// A second gateway build for the `smg-base` target, to A/B a change against (e.g. the
+    /// previous commit's binary) in the same interleaved rounds.
+    #[arg(long)]
+    pub base_bin: Option<PathBuf>,
+    /// Extra flags for the `smg` target, space separated (e.g. "--api-key k
+    /// --max-concurrent-requests 100000"): A/B a feature on against `smg-base` with it off.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub smg_args: String,
+    /// Extra flags for the `smg-base` target, space separated.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub base_args: String,
+    /// Request header line sent to every target ("Name: value"), repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
+    /// nginx binary (default: nginx on PATH or /usr/sbin/nginx).
+    #[arg(long)]
+    pub nginx_bin: Option<PathBuf>,
+    /// Python SMG launcher (default: an `smg` script on PATH).
+    #[arg(long)]
+    pub smg_python_bin: Option<PathBuf>,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct CompareArgs {
     /// Scenario file or name.
@@ -50,39 +89,8 @@ pub struct CompareArgs {
     /// Core of the load generator and the simulator.
     #[arg(long, default_value_t = 0)]
     pub load_core: usize,
-    /// smg-sim binary (default: next to this executable).
-    #[arg(long)]
-    pub sim_bin: Option<PathBuf>,
-    /// Simulated workers per model, all behind every proxy target (`direct` uses the first):
-    /// how routing cost grows with the fleet.
-    #[arg(long, default_value_t = 1)]
-    pub sim_workers: usize,
-    /// Extra smg-sim flags, space separated (e.g. "--ttft-ms 5 --itl-ms 1").
-    #[arg(long, default_value = "")]
-    pub sim_args: String,
-    /// Gateway binary (default: $SMG_BIN, else target/release/smg of this workspace).
-    #[arg(long)]
-    pub gateway_bin: Option<PathBuf>,
-    /// A second gateway build for the `smg-base` target, to A/B a change against (e.g. the
-    /// previous commit's binary) in the same interleaved rounds.
-    #[arg(long)]
-    pub base_bin: Option<PathBuf>,
-    /// Extra flags for the `smg` target, space separated (e.g. "--api-key k
-    /// --max-concurrent-requests 100000"): A/B a feature on against `smg-base` with it off.
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    pub smg_args: String,
-    /// Extra flags for the `smg-base` target, space separated.
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    pub base_args: String,
-    /// Request header line sent to every target ("Name: value"), repeatable.
-    #[arg(long = "header", value_name = "NAME: VALUE")]
-    pub headers: Vec<String>,
-    /// nginx binary (default: nginx on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    pub nginx_bin: Option<PathBuf>,
-    /// Python SMG launcher (default: an `smg` script on PATH).
-    #[arg(long)]
-    pub smg_python_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub sut: SutArgs,
     /// Print rows as JSON.
     #[arg(long)]
     pub json: bool,
@@ -240,16 +248,16 @@ pub(crate) fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within
 }
 
 pub(crate) fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
-    let bin = sim_bin(args.sim_bin.as_deref())?;
+    let bin = sim_bin(args.sut.sim_bin.as_deref())?;
     let mut cmd = pinned(args.load_core, &bin);
     let models = if scenario.models.is_empty() { vec![scenario.model.clone()] } else { scenario.models.clone() };
     for m in &models {
-        for _ in 0..args.sim_workers.max(1) {
+        for _ in 0..args.sut.sim_workers.max(1) {
             cmd.arg("--worker").arg(format!("0:{m}"));
         }
     }
     cmd.arg("--cores").arg(args.load_core.to_string());
-    cmd.args(args.sim_args.split_whitespace());
+    cmd.args(args.sut.sim_args.split_whitespace());
     spawn_sim(cmd, &bin)
 }
 
@@ -318,7 +326,7 @@ pub(crate) fn start_target(
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
             if t.kind == Kind::Smg {
                 cmd.args(["--cores", "1"]);
-                let extra = if t.name == "smg-base" { &args.base_args } else { &args.smg_args };
+                let extra = if t.name == "smg-base" { &args.sut.base_args } else { &args.sut.smg_args };
                 cmd.args(extra.split_whitespace());
             }
             let child = cmd
@@ -381,10 +389,11 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
     for name in args.targets.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, name, bin) = match name {
             "direct" => (Kind::Direct, "direct", None),
-            "smg" => (Kind::Smg, "smg", Some(gateway_bin(args.gateway_bin.as_deref())).filter(|b| b.is_file())),
-            "smg-base" => (Kind::Smg, "smg-base", args.base_bin.clone().filter(|b| b.is_file())),
+            "smg" => (Kind::Smg, "smg", Some(gateway_bin(args.sut.gateway_bin.as_deref())).filter(|b| b.is_file())),
+            "smg-base" => (Kind::Smg, "smg-base", args.sut.base_bin.clone().filter(|b| b.is_file())),
             "nginx" => {
                 let bin = args
+                    .sut
                     .nginx_bin
                     .clone()
                     .or_else(|| on_path("nginx"))
@@ -392,7 +401,7 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
                 (Kind::Nginx, "nginx", bin.filter(|b| b.is_file()))
             }
             "smg-python" => {
-                let bin = args.smg_python_bin.clone().or_else(|| on_path("smg"));
+                let bin = args.sut.smg_python_bin.clone().or_else(|| on_path("smg"));
                 (Kind::SmgPython, "smg-python", bin.filter(|b| b.is_file() && is_python_script(b)))
             }
             other => return Err(format!("unknown target {other:?} (direct, smg, smg-base, nginx, smg-python)")),
@@ -420,7 +429,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     let (_sim, sim_ports) = start_sim(args, &scenario)?;
     let req_for = |port: u16| -> Vec<u8> {
         let host = format!("127.0.0.1:{port}");
-        scenario.requests(&host, None, &args.headers).swap_remove(0).to_vec()
+        scenario.requests(&host, None, &args.sut.headers).swap_remove(0).to_vec()
     };
     let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
     let mut entries: Vec<Entry> = Vec::new();
@@ -444,7 +453,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 addr: ([127, 0, 0, 1], port).into(),
                 url: format!("http://{host}"),
                 scenario_name: scenario.name.clone(),
-                requests: Arc::new(scenario.requests(&host, None, &args.headers)),
+                requests: Arc::new(scenario.requests(&host, None, &args.sut.headers)),
                 mode: Mode::Closed { concurrency: args.concurrency },
                 duration: Some(args.duration),
                 count: None,

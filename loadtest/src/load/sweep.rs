@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::load::blocking::{self, Client};
-use crate::load::compare::{self, CompareArgs, Proc, Target};
+use crate::load::compare::{self, CompareArgs, Proc, SutArgs, Target};
 use crate::load::open_loop::Arrivals;
 use crate::load::report_dir::{self, Capacity, Entry, Page};
 use crate::load::run::{execute_recorded, resolve, split_url, ArrivalArg, LoadPlan, Mode};
@@ -71,36 +71,8 @@ pub struct SweepArgs {
     /// Core of the load generator and the simulator.
     #[arg(long, default_value_t = 0)]
     pub load_core: usize,
-    /// smg-sim binary (default: next to this executable).
-    #[arg(long)]
-    pub sim_bin: Option<PathBuf>,
-    /// Simulated workers per model behind every proxy target.
-    #[arg(long, default_value_t = 1)]
-    pub sim_workers: usize,
-    /// Extra smg-sim flags, e.g. "--max-running 8 --ttft-ms 20".
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    pub sim_args: String,
-    /// Gateway binary (default: $SMG_BIN, else target/release/smg of this workspace).
-    #[arg(long)]
-    pub gateway_bin: Option<PathBuf>,
-    /// A second gateway build for `smg-base`.
-    #[arg(long)]
-    pub base_bin: Option<PathBuf>,
-    /// Extra flags for `smg`, space separated.
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    pub smg_args: String,
-    /// Extra flags for `smg-base`, space separated.
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    pub base_args: String,
-    /// Request header line ("Name: value"), repeatable.
-    #[arg(long = "header", value_name = "NAME: VALUE")]
-    pub headers: Vec<String>,
-    /// nginx binary (default: nginx on PATH or /usr/sbin/nginx).
-    #[arg(long)]
-    pub nginx_bin: Option<PathBuf>,
-    /// Python SMG launcher (default: an `smg` script on PATH).
-    #[arg(long)]
-    pub smg_python_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub sut: SutArgs,
     /// Write records.csv, summary.json and report.html into this directory.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
@@ -236,16 +208,7 @@ fn compare_args(a: &SweepArgs) -> CompareArgs {
         concurrency: 1,
         sut_core: a.sut_core,
         load_core: a.load_core,
-        sim_bin: a.sim_bin.clone(),
-        sim_workers: a.sim_workers,
-        sim_args: a.sim_args.clone(),
-        gateway_bin: a.gateway_bin.clone(),
-        base_bin: a.base_bin.clone(),
-        smg_args: a.smg_args.clone(),
-        base_args: a.base_args.clone(),
-        headers: a.headers.clone(),
-        nginx_bin: a.nginx_bin.clone(),
-        smg_python_bin: a.smg_python_bin.clone(),
+        sut: a.sut.clone(),
         json: false,
         report: None,
     }
@@ -285,7 +248,7 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
     };
     let req_for = |port: u16| -> Vec<u8> {
         let host = format!("127.0.0.1:{port}");
-        scenario.requests(&host, None, &args.headers).swap_remove(0).to_vec()
+        scenario.requests(&host, None, &args.sut.headers).swap_remove(0).to_vec()
     };
     let session = Instant::now();
     let mut entries: Vec<Entry> = Vec::new();
@@ -314,7 +277,7 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
                 addr,
                 url: format!("http://{host}{}", path.as_deref().unwrap_or("")),
                 scenario_name: scenario.name.clone(),
-                requests: Arc::new(scenario.requests(&host, path.as_deref(), &args.headers)),
+                requests: Arc::new(scenario.requests(&host, path.as_deref(), &args.sut.headers)),
                 mode: Mode::Open {
                     rate,
                     arrivals: match args.arrival {
