@@ -180,14 +180,27 @@ impl RunArgs {
             (None, None) => Some(Duration::from_secs(10)),
             (d, _) => d,
         };
+        self.plan_from(addr, scenario.name.clone(), requests, mode, duration, self.requests)
+    }
+
+    /// The plan's parts every kind of run takes from the command line alike.
+    fn plan_from(
+        &self,
+        addr: SocketAddr,
+        scenario_name: String,
+        requests: Vec<bytes::Bytes>,
+        mode: Mode,
+        duration: Option<Duration>,
+        count: Option<u64>,
+    ) -> Result<LoadPlan, String> {
         Ok(LoadPlan {
             addr,
             url: self.url.clone(),
-            scenario_name: scenario.name.clone(),
+            scenario_name,
             requests: Arc::new(requests),
             mode,
             duration,
-            count: self.requests,
+            count,
             warmup: self.warmup,
             timeout: self.timeout,
             threads: self.threads.max(1),
@@ -221,27 +234,14 @@ impl RunArgs {
             .iter()
             .map(|b| build_request("POST", path, authority, &self.headers, b))
             .collect();
-        Ok(LoadPlan {
-            addr,
-            url: self.url.clone(),
-            scenario_name: format!("{} trace {file} ({}, x{})", scenario.name, trace.format, self.speedup),
-            mode: Mode::Open {
-                rate: trace.rate(self.speedup),
-                arrivals: Arrivals::Trace(trace.schedule(self.speedup)),
-                max_conns: self.max_conns,
-            },
-            duration: self.duration,
-            count: Some(self.requests.unwrap_or(requests.len() as u64)),
-            requests: Arc::new(requests),
-            warmup: self.warmup,
-            timeout: self.timeout,
-            threads: self.threads.max(1),
-            cores: self.cores.as_deref().map(rt::parse_cores).transpose()?,
-            parse_usage: !self.no_usage,
-            progress: self.progress || std::io::stderr().is_terminal(),
-            target_pids: self.target_pids.clone(),
-            stop: None,
-        })
+        let name = format!("{} trace {file} ({}, x{})", scenario.name, trace.format, self.speedup);
+        let mode = Mode::Open {
+            rate: trace.rate(self.speedup),
+            arrivals: Arrivals::Trace(trace.schedule(self.speedup)),
+            max_conns: self.max_conns,
+        };
+        let count = Some(self.requests.unwrap_or(requests.len() as u64));
+        self.plan_from(addr, name, requests, mode, self.duration, count)
     }
 }
 
