@@ -27,6 +27,15 @@ pub async fn read_more(s: &mut TcpStream, mut buf: Vec<u8>, min_spare: usize) ->
     (res, slice.into_inner())
 }
 
+/// Reads at most `max` bytes into `buf`, replacing what it held (a body pumped through
+/// one buffer must not read past its end into the next request).
+pub async fn read_into(s: &mut TcpStream, mut buf: Vec<u8>, max: usize) -> (io::Result<usize>, Vec<u8>) {
+    buf.clear();
+    buf.reserve(max);
+    let (res, slice) = s.read(buf.slice_mut(0..max)).await;
+    (res, slice.into_inner())
+}
+
 /// How a read with a deadline ended.
 pub enum Timed<T> {
     Done(T),

@@ -73,6 +73,11 @@ impl ApiError {
         Self::new(413, "request_body_too_large", format!("Request body exceeds --max-payload-size ({limit} bytes)"))
     }
 
+    /// A streamed body's client went away (EOF or reset) before all of it was forwarded.
+    pub fn body_aborted() -> Self {
+        Self::new(400, "request_body_aborted", "The client's upload ended before the request body was complete")
+    }
+
     pub fn body_stalled() -> Self {
         Self::new(408, "request_body_stalled", "The request body stalled")
     }

@@ -25,6 +25,9 @@ pub struct EndpointSpec {
     pub schema: Option<contract::Endpoint>,
     /// Where the routing text lives in the body, for policies that route on it.
     pub text: Option<TextSource>,
+    /// A large body may stream to the worker unparsed (SMG's list of such routes; see
+    /// `serve::stream_body`).
+    pub body_streams: bool,
 }
 
 const fn spec(
@@ -43,7 +46,16 @@ const fn spec(
         b"/v1/decisions" => "decisions",
         _ => "other",
     };
-    EndpointSpec { path, metric, id_prefix, schema, text }
+    let body_streams = matches!(
+        path.as_bytes(),
+        b"/generate"
+            | b"/v1/chat/completions"
+            | b"/v1/completions"
+            | b"/v1/messages"
+            | b"/v1/embeddings"
+            | b"/v1/classify"
+    );
+    EndpointSpec { path, metric, id_prefix, schema, text, body_streams }
 }
 
 /// Every inference endpoint forwarded to workers.

@@ -140,9 +140,17 @@ pub struct LaunchArgs {
     /// A client must finish its request head within this many seconds of its first byte.
     #[arg(long, default_value_t = 30)]
     pub client_read_timeout_secs: u64,
-    /// A request body that goes this many seconds without a byte gets 408 request_body_stalled.
-    #[arg(long, default_value_t = 30)]
+    /// A streamed request body (see --max-buffered-request-bytes) whose next bytes take this
+    /// many seconds gets 408 request_body_stalled; the clock runs only while the gateway
+    /// waits on the client. 0 disables. Buffered bodies are held to
+    /// --client-read-timeout-secs instead.
+    #[arg(long, default_value_t = 300)]
     pub stream_body_stall_timeout_secs: u64,
+    /// Most bytes held for a request buffered only to keep it retryable: with retries on, a
+    /// body nothing needs to read streams to the worker when larger (one attempt); with
+    /// retries off it always streams. 0 never buffers for retries.
+    #[arg(long, default_value_t = 1_048_576)]
+    pub max_buffered_request_bytes: u64,
     /// A client that takes none of our bytes for this many seconds is disconnected, and its
     /// worker connection closed (the generation is cancelled).
     #[arg(long, default_value_t = 60)]
@@ -291,7 +299,9 @@ pub struct Config {
     pub overload_shed: bool,
     pub client_idle_timeout: Duration,
     pub client_read_timeout: Duration,
-    pub body_stall_timeout: Duration,
+    /// Streamed bodies' stall limit; None: none.
+    pub stream_body_stall: Option<Duration>,
+    pub max_buffered_request_bytes: u64,
     pub client_write_timeout: Duration,
     pub upstream_read_timeout: Duration,
     pub max_connections: usize,
@@ -487,7 +497,9 @@ impl LaunchArgs {
             overload_shed: self.worker_args.worker_overload_shed,
             client_idle_timeout: positive("--client-idle-timeout-secs", self.client_idle_timeout_secs)?,
             client_read_timeout: positive("--client-read-timeout-secs", self.client_read_timeout_secs)?,
-            body_stall_timeout: positive("--stream-body-stall-timeout-secs", self.stream_body_stall_timeout_secs)?,
+            stream_body_stall: (self.stream_body_stall_timeout_secs > 0)
+                .then(|| Duration::from_secs(self.stream_body_stall_timeout_secs)),
+            max_buffered_request_bytes: self.max_buffered_request_bytes,
             client_write_timeout: positive("--client-write-timeout-secs", self.client_write_timeout_secs)?,
             upstream_read_timeout: positive("--upstream-read-timeout-secs", self.upstream_read_timeout_secs)?,
             max_connections,

@@ -258,9 +258,13 @@ async fn drain_body(shard: &Shard, client: &mut Client, head: Option<&RequestHea
     let end = h.len + len as usize;
     while client.buf.len() < end {
         let want = end - client.buf.len();
-        let (res, b) =
-            read_more_within(&mut client.stream, std::mem::take(&mut client.buf), want, shard.cfg().body_stall_timeout)
-                .await;
+        let (res, b) = read_more_within(
+            &mut client.stream,
+            std::mem::take(&mut client.buf),
+            want,
+            shard.cfg().client_read_timeout,
+        )
+        .await;
         client.buf = b;
         match res {
             Timed::Done(Ok(n)) if n > 0 => {}

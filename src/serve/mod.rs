@@ -21,6 +21,9 @@
 //! order simply because each one is finished before the next head is parsed from the bytes
 //! left in the buffer. `authorize` and `admit` run before the body is read. Every attempt's
 //! outcome goes to the shard for the workers' circuit breakers (`attempt` and `relay`).
+//! A large body that nothing needs to read leaves the path after `admit`: it is picked a
+//! worker from the head alone and streamed to it as it arrives, one attempt
+//! ([`stream_body`]).
 
 mod client;
 mod control;
@@ -31,6 +34,8 @@ mod finish;
 mod inspect;
 mod isolate;
 mod pick;
+mod reserve;
+mod stream_body;
 mod upstream;
 
 use std::cell::RefCell;
@@ -128,6 +133,11 @@ async fn request(
     if head.header(&client.buf, "x-smg-debug-panic").is_some() {
         panic!("deliberate panic (debug builds only)");
     }
+    if let Some(len) = stream_body::streams(shard, spec, head, &client.buf) {
+        if let Ok(o) = stream_body::forward(shard, client, head, ctx, spec, len).await {
+            return o;
+        }
+    }
     let body = match body(shard, client, head, ctx).await {
         Ok(b) => b,
         Err(o) => return o,
@@ -136,28 +146,10 @@ async fn request(
         Ok(b) => b,
         Err(f) => return Outcome::Failed(f),
     };
-    if let Err(o) = reserve(shard, ctx, body.bytes(&client.buf).len()).await {
+    if let Err(o) = reserve::reserve(shard, ctx, body.bytes(&client.buf).len()).await {
         return o;
     }
     forward(shard, client, head, ctx, spec, &mut body).await
-}
-
-/// Phase: reserve. With tenant budgets, the request's estimated tokens (its body at 4 bytes
-/// a token, plus `max_tokens` for every choice) and one request are reserved from its
-/// tenant's budget before any worker is asked; once for the request, however many attempts
-/// it takes.
-async fn reserve(shard: &Shard, ctx: &mut RequestCtx, body_len: usize) -> Result<(), Outcome> {
-    let Some(budgets) = shard.budgets() else { return Ok(()) };
-    let tenant = ctx.tenant.as_ref().map_or("anonymous", |t| t.as_str());
-    let prompt = (body_len as u64).div_ceil(4);
-    let output = u64::from(ctx.max_output.unwrap_or(0)) * u64::from(ctx.choices.max(1));
-    match budgets.reserve(tenant, ctx.model.as_deref().unwrap_or(""), prompt + output).await {
-        Ok(r) => {
-            ctx.reservation = Some(r);
-            Ok(())
-        }
-        Err(d) => Err(reject(ApiError::tenant_rate_limited(d.retry_after_secs))),
-    }
 }
 
 /// Phase: authorize. Serving routes need a serving key when keys are configured and get
@@ -298,7 +290,7 @@ async fn queue_wait<F: std::future::Future>(
 
 /// Phase: body.
 async fn body(shard: &Shard, client: &mut Client, head: &RequestHead, ctx: &mut RequestCtx) -> Result<Body, Outcome> {
-    let limits = BodyLimits { max: shard.cfg().max_payload_size, stall: shard.cfg().body_stall_timeout };
+    let limits = BodyLimits { max: shard.cfg().max_payload_size, stall: shard.cfg().client_read_timeout };
     let (res, buf) = read_body(&mut client.stream, head, std::mem::take(&mut client.buf), limits).await;
     client.buf = buf;
     match res {
@@ -356,7 +348,8 @@ async fn forward(
         };
         let ct = content_type.as_ref();
         let bytes = sent.bytes(&client.buf);
-        let skip = upstream_head(&mut up_head, head, &client.buf, authority, bytes, span, &worker.meta, ct);
+        let skip =
+            upstream_head(&mut up_head, head, &client.buf, authority, bytes, bytes.len(), span, &worker.meta, ct);
         if translate {
             decisions::retarget(&mut up_head, head.target.len());
         }

@@ -50,7 +50,8 @@ impl From<WorkerError> for AttemptError {
 /// after its opening brace: the head ends with the brace and the field, and the returned
 /// count of body bytes (up to and including the brace) is skipped when the body is written.
 /// The Content-Type is `application/json`, or the client's own when `content_type` points
-/// at it (a multipart form keeps its boundary).
+/// at it (a multipart form keeps its boundary). `body` is what is at hand of a body of
+/// `body_len` bytes (all of it, except for a streamed body, which gets no splice).
 #[allow(clippy::too_many_arguments)]
 pub fn upstream_head(
     out: &mut Vec<u8>,
@@ -58,6 +59,7 @@ pub fn upstream_head(
     buf: &[u8],
     authority: &str,
     body: &[u8],
+    body_len: usize,
     span: Option<&SpanIds>,
     meta: &WorkerMeta,
     content_type: Option<&Range<usize>>,
@@ -74,7 +76,7 @@ pub fn upstream_head(
     out.extend_from_slice(b"\r\ncontent-type: ");
     out.extend_from_slice(content_type.map_or(&b"application/json"[..], |r| &buf[r.clone()]));
     out.extend_from_slice(b"\r\ncontent-length: ");
-    put_dec(out, (body.len() - skip + insert.len()) as u64);
+    put_dec(out, (body_len - skip + insert.len()) as u64);
     out.extend_from_slice(b"\r\n");
     for h in &head.forward {
         let name = &buf[h.name.clone()];
@@ -151,22 +153,7 @@ pub async fn attempt(
 ) -> Result<Answered, AttemptError> {
     let Plan { skip, fresh } = plan;
     ctx.attempts += 1;
-    let chosen = ctx.chosen.as_ref().expect("pick ran");
-    let (id, addr) = (chosen.worker().id, chosen.worker().url.addr);
-    let pooled = if fresh { None } else { shard.take_conn(id) };
-    let mut conn = match pooled {
-        Some(c) => c,
-        None => match pool::connect(addr).await {
-            Ok(c) => c,
-            Err(e) if is_resource_exhaustion(&e) => {
-                return Err(AttemptError::Failed(Failure::Internal(InternalError::NoDescriptors(e))))
-            }
-            Err(e) => {
-                shard.report_connect_failed(id);
-                return Err(WorkerError::new(WorkerCause::Connect(e), false).into());
-            }
-        },
-    };
+    let mut conn = open(shard, ctx, fresh).await?;
     let reused = conn.reused;
     // The body travels through the writev in the buffer that holds it (the connection
     // buffer for a Content-Length body) and comes back for a retry or the next request.
@@ -200,6 +187,38 @@ pub async fn attempt(
     if let Err(e) = res {
         return Err(WorkerError::new(WorkerCause::Write(e), reused).into());
     }
+    await_head(shard, client, ctx, conn, watch).await
+}
+
+/// The chosen worker's connection: a pooled one unless `fresh`, else a new one.
+pub async fn open(shard: &Shard, ctx: &RequestCtx, fresh: bool) -> Result<UpstreamConn, AttemptError> {
+    let chosen = ctx.chosen.as_ref().expect("pick ran");
+    let (id, addr) = (chosen.worker().id, chosen.worker().url.addr);
+    if let Some(c) = (!fresh).then(|| shard.take_conn(id)).flatten() {
+        return Ok(c);
+    }
+    match pool::connect(addr).await {
+        Ok(c) => Ok(c),
+        Err(e) if is_resource_exhaustion(&e) => {
+            Err(AttemptError::Failed(Failure::Internal(InternalError::NoDescriptors(e))))
+        }
+        Err(e) => {
+            shard.report_connect_failed(id);
+            Err(WorkerError::new(WorkerCause::Connect(e), false).into())
+        }
+    }
+}
+
+/// The worker's response head, once the whole request is written; a non-streaming
+/// response declaring more than `--max-payload-size` is refused here.
+pub async fn await_head(
+    shard: &Shard,
+    client: &Client,
+    ctx: &mut RequestCtx,
+    mut conn: UpstreamConn,
+    watch: &mut bool,
+) -> Result<Answered, AttemptError> {
+    let reused = conn.reused;
     match read_response_head(&mut conn, &client.stream, watch, shard.cfg().request_timeout).await {
         Ok(h) => {
             if shard.accounting() {

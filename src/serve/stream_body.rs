@@ -1,0 +1,250 @@
+//! Phase: body, streamed. A large body that nothing in the gateway needs to read goes to
+//! the worker while it arrives, through one bounded buffer, instead of waiting in memory:
+//! a 200 MB upload costs a few hundred KiB here and the worker sees its first byte at once.
+//!
+//! The decision is made from the head and the gateway's state, before a byte of the body is
+//! read, by SMG's rules (its Request Streaming page): only on the routes whose bodies may
+//! stream (`EndpointSpec::body_streams`), only with a `Content-Length`, and only when
+//! nothing needs the body's text: not `--routing-key-override` (the body's `rid`), not a
+//! policy routing on text without a valid `X-SMG-Routing-Tokens` hint, not a fleet serving
+//! more than one model (the model is in the body), not data-parallel workers (their rank is
+//! spliced into it). Past that, a body streams when it is larger than
+//! `--max-buffered-request-bytes`, the most the gateway holds just to keep a request
+//! retryable. A streamed body is forwarded as the client sent it (no contract validation, no
+//! alias splice) and gets one attempt: it cannot be replayed.
+//!
+//! The stall clock (`--stream-body-stall-timeout-secs`) runs only while waiting on the
+//! client; while the worker is slow to read, the gateway is not asking the client for bytes
+//! and the clock is paused. A stall answers `408 request_body_stalled`, an upload that ends
+//! early `400 request_body_aborted`; both close the worker connection and neither counts
+//! against the worker.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use monoio::net::TcpStream;
+
+use super::client::Client;
+use super::ctx::RequestCtx;
+use super::error::{Failure, WorkerCause, WorkerError};
+use super::finish::Outcome;
+use super::pick::pick_worker;
+use super::upstream::{await_head, open, relay_response, upstream_head, AttemptError};
+use crate::api::{ApiError, EndpointSpec};
+use crate::http::head::{BodyKind, RequestHead};
+use crate::http::respond::CONTINUE;
+use crate::io::{read_into, write_all, Writev2};
+use crate::routing::parse_routing_tokens;
+use crate::shard::Shard;
+use crate::workers::breaker::Verdict;
+
+/// The largest read of a streamed body: big enough that a fast upload is a few thousand
+/// reads and writes per 200 MB, small enough that it is all the memory it takes.
+const PUMP: usize = 256 * 1024;
+
+/// The body will be buffered after all (no worker could be chosen from the head alone).
+pub struct Buffer;
+
+/// The body's declared length if it streams (see the module doc).
+pub fn streams(shard: &Shard, spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Option<usize> {
+    if !spec.body_streams {
+        return None;
+    }
+    let BodyKind::Length { len } = head.body else { return None };
+    let cfg = shard.cfg();
+    // A declared length over the cap is refused by the buffered path's reader, at once.
+    if len <= cfg.max_buffered_request_bytes || len > cfg.max_payload_size as u64 {
+        return None;
+    }
+    let routing = &cfg.routing;
+    if routing.routing_key_override {
+        return None;
+    }
+    if routing.policy.uses_text() && head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens).is_none() {
+        return None;
+    }
+    Some(len as usize)
+}
+
+/// Picks a worker from the head, then streams the body to it and relays its answer.
+/// `Err(Buffer)`: the fleet needs the body read after all (more than one model, a
+/// data-parallel worker), or no worker could be picked without it; nothing was read or
+/// reserved.
+pub async fn forward(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    spec: &EndpointSpec,
+    len: usize,
+) -> Result<Outcome, Buffer> {
+    {
+        let snap = shard.snapshot();
+        let mut models = snap.workers.iter().filter_map(|w| w.model.as_deref());
+        let Some(model) = models.next() else { return Err(Buffer) };
+        if models.any(|m| m != model) || snap.workers.iter().any(|w| w.meta.dp_rank.is_some()) {
+            return Err(Buffer);
+        }
+        ctx.model = Some(model.to_owned());
+    }
+    if pick_worker(shard, spec, head, &client.buf, &[], ctx, &[]).is_err() {
+        ctx.model = None;
+        return Err(Buffer);
+    }
+    if let Err(o) = super::reserve::reserve(shard, ctx, len).await {
+        return Ok(o);
+    }
+    ctx.bytes_in = len as u64;
+    // It cannot be re-sent, so it is not preempted once its body starts moving.
+    if let Some(slot) = &ctx.slot {
+        slot.held().start();
+    }
+    Ok(stream(shard, client, head, ctx, len).await)
+}
+
+/// One attempt (two only when a stale pooled socket fails before any byte was taken from
+/// the client): the head with the body bytes already here, the rest pumped as it arrives,
+/// then the worker's answer relayed.
+async fn stream(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    len: usize,
+) -> Outcome {
+    let here = (client.buf.len() - head.len).min(len);
+    let mut up_head = Vec::with_capacity(512);
+    {
+        let worker = ctx.chosen.as_ref().expect("picked").worker();
+        let span = ctx.span.as_ref().map(|(ids, _)| ids);
+        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, &[], len, span, &worker.meta, None);
+    }
+    let id = ctx.chosen.as_ref().expect("picked").worker().id;
+    let mut fresh = false;
+    loop {
+        ctx.attempts += 1;
+        let mut conn = match open(shard, ctx, fresh).await {
+            Ok(c) => c,
+            Err(e) => return failed(shard, ctx, e),
+        };
+        let (res, h, b) = Writev2::write(
+            &mut conn.stream,
+            std::mem::take(&mut up_head),
+            std::mem::take(&mut client.buf),
+            head.len,
+            head.len + here,
+        )
+        .await;
+        (up_head, client.buf) = (h, b);
+        if let Err(e) = res {
+            if conn.reused && !fresh {
+                shard.forget_conns(id);
+                fresh = true;
+                continue;
+            }
+            return failed(shard, ctx, WorkerError::new(WorkerCause::Write(e), conn.reused).into());
+        }
+        let mut rest = len - here;
+        if rest > 0 {
+            if head.expect_continue {
+                let (res, _) = write_all(&mut client.stream, CONTINUE.to_vec()).await;
+                if res.is_err() {
+                    return Outcome::ClientGone;
+                }
+            }
+            match pump(&mut client.stream, &mut conn.stream, rest, shard.cfg().stream_body_stall).await {
+                Pumped::All => rest = 0,
+                Pumped::Stalled => return client_failed(ctx, ApiError::body_stalled()),
+                Pumped::Aborted => return client_failed(ctx, ApiError::body_aborted()),
+                // The worker stopped reading: it may have answered already (a 413 of its own),
+                // and that answer is the one to give. The rest of the body is not read.
+                Pumped::WorkerClosed => ctx.close = true,
+            }
+        }
+        let pumped = len > here;
+        let mut watch = true;
+        let answered = match await_head(shard, client, ctx, conn, &mut watch).await {
+            Ok(a) => a,
+            // All of the body was here and still is: it can go again on a fresh connection.
+            Err(AttemptError::Failed(Failure::Worker(e))) if e.stale_socket() && !fresh && !pumped => {
+                shard.forget_conns(id);
+                fresh = true;
+                continue;
+            }
+            Err(e) => return failed(shard, ctx, e),
+        };
+        if rest == 0 {
+            // The pumped bytes never entered the connection buffer; what follows the body
+            // there (a pipelined request) now follows the head.
+            client.buf.drain(head.len..head.len + here);
+            client.next = head.len;
+            ctx.body_unread = false;
+        }
+        return match relay_response(shard, client, head, ctx, answered, up_head, watch).await {
+            Ok(o) => o,
+            Err((e, _)) => Outcome::Failed(Failure::Worker(e)),
+        };
+    }
+}
+
+enum Pumped {
+    All,
+    Stalled,
+    Aborted,
+    WorkerClosed,
+}
+
+/// Copies `rest` body bytes from the client to the worker, one bounded read at a time; the
+/// stall limit applies to each wait on the client.
+async fn pump(from: &mut TcpStream, to: &mut TcpStream, mut rest: usize, stall: Option<Duration>) -> Pumped {
+    let mut chunk = Vec::with_capacity(PUMP.min(rest));
+    while rest > 0 {
+        let want = PUMP.min(rest);
+        let (res, b) = match stall {
+            Some(limit) => match monoio::time::timeout(limit, read_into(from, chunk, want)).await {
+                Ok(r) => r,
+                Err(_) => return Pumped::Stalled,
+            },
+            None => read_into(from, chunk, want).await,
+        };
+        chunk = b;
+        match res {
+            Ok(n) if n > 0 => rest -= n,
+            _ => return Pumped::Aborted,
+        }
+        let (res, b) = write_all(to, chunk).await;
+        chunk = b;
+        if res.is_err() {
+            return Pumped::WorkerClosed;
+        }
+    }
+    Pumped::All
+}
+
+/// The client broke the upload: answered, and the connection (its stream is mid-body) and
+/// the worker's (dropped here) closed; not the worker's fault.
+fn client_failed(ctx: &mut RequestCtx, e: ApiError) -> Outcome {
+    ctx.close = true;
+    Outcome::Failed(Failure::Rejected(e))
+}
+
+/// An attempt that got no answer: counted against the worker (a refused answer aside), and
+/// final, as a streamed body is not retried.
+fn failed(shard: &Shard, ctx: &mut RequestCtx, e: AttemptError) -> Outcome {
+    match e {
+        AttemptError::Failed(Failure::Worker(e)) => {
+            if !e.final_answer() {
+                shard.record_outcome(ctx.chosen.as_ref().expect("picked").worker().id, Verdict::Failure);
+            }
+            if ctx.body_unread {
+                ctx.close = true;
+            }
+            Outcome::Failed(Failure::Worker(e))
+        }
+        AttemptError::Failed(f) => {
+            ctx.close |= ctx.body_unread;
+            Outcome::Failed(f)
+        }
+        AttemptError::ClientGone => Outcome::ClientGone,
+    }
+}
