@@ -367,12 +367,34 @@ fn bodies_that_must_be_read_are_buffered() {
     both_drivers(|legacy| {
         let sink = Sink::start("m");
         let big = String::from_utf8(vec![b'x'; 10_000]).unwrap();
-        let gw = gateway(legacy, &[&sink], &["--max-buffered-request-bytes", "4096", "--policy", "cache_aware"]);
+        let mport = free_port().to_string();
+        let flags = [
+            "--max-buffered-request-bytes",
+            "4096",
+            "--policy",
+            "cache_aware",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &mport,
+        ];
+        let gw = gateway(legacy, &[&sink], &flags);
         let r = post(gw.port, "/v1/completions", &big, &[]);
         assert_eq!(r.status, 400, "cache_aware without a hint must read the body: {}", r.text());
         let r = post(gw.port, "/v1/completions", &big, &["X-SMG-Routing-Tokens: 1,2,3"]);
         assert_eq!(r.status, 200, "a valid hint lets the body stream: {}", r.text());
         assert_eq!(sink.st.requests.load(Ordering::SeqCst), 1);
+        // Each decision is counted with the rule that made it.
+        let want = [
+            r#"smg_router_request_body_path_total{path="buffered",reason="policy_needs_text"} 1"#,
+            r#"smg_router_request_body_path_total{path="streamed",reason="retry_forfeited"} 1"#,
+        ];
+        let scrape = || get(mport.parse().unwrap(), "/metrics").text();
+        assert!(
+            wait_until(Duration::from_secs(5), || want.iter().all(|w| scrape().contains(w))),
+            "{}",
+            scrape().lines().filter(|l| l.contains("body_path")).collect::<Vec<_>>().join("\n")
+        );
         drop(gw);
         let other = Sink::start("m2");
         let gw = gateway(legacy, &[&sink, &other], &["--max-buffered-request-bytes", "4096"]);

@@ -304,6 +304,18 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         let l = labels(&[("worker_type", "regular"), ("endpoint", ep)]);
         let _ = writeln!(out, "smg_worker_retries_exhausted_total{l} {n}");
     }
+    family(
+        &mut out,
+        "smg_router_request_body_path_total",
+        "counter",
+        "Requests on the routes whose bodies may stream, by the path the body took and the rule that chose it",
+    );
+    let mut bp: Vec<_> = c.body_path.iter().collect();
+    bp.sort();
+    for ((path, reason), n) in bp {
+        let _ =
+            writeln!(out, "smg_router_request_body_path_total{} {n}", labels(&[("path", path), ("reason", reason)]));
+    }
     if let Some(f) = g.fleet {
         fleet_families(&mut out, f);
     }
@@ -428,6 +440,7 @@ mod tests {
             admitted: Some(true),
             worker_error: None,
             class: None,
+            body_path: None,
         });
         let snap = Snapshot::default();
         let g = Gauges {

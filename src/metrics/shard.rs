@@ -157,6 +157,8 @@ pub struct Counts {
     pub retries_exhausted: Small<Label, u64>,
     /// (priority class, result) → requests, with the scheduler on.
     pub scheduler: Small<(Label, Label), u64>,
+    /// (path, reason) → requests.
+    pub body_path: Small<(Label, Label), u64>,
     pub access_log_dropped: u64,
 }
 
@@ -200,6 +202,9 @@ impl Counts {
         for (k, n) in o.scheduler.iter() {
             *self.scheduler.at(*k) += n;
         }
+        for (k, n) in o.body_path.iter() {
+            *self.body_path.at(*k) += n;
+        }
         self.access_log_dropped += o.access_log_dropped;
     }
 }
@@ -221,6 +226,8 @@ pub struct Finished<'a> {
     pub worker_error: Option<&'static str>,
     /// The priority class, with the scheduler on.
     pub class: Option<&'static str>,
+    /// Streamed or buffered, and why (the routes whose bodies may stream).
+    pub body_path: Option<(&'static str, &'static str)>,
 }
 
 pub struct Routed<'a> {
@@ -276,6 +283,9 @@ impl ShardMetrics {
                 _ => "admitted",
             };
             *c.scheduler.at((class, result)) += 1;
+        }
+        if let Some(k) = f.body_path {
+            *c.body_path.at(k) += 1;
         }
         let Some(r) = &f.routed else { return };
         *c.upstream.at((f.status, f.error_code)) += 1;

@@ -84,6 +84,8 @@ pub struct RequestCtx {
     pub streaming: bool,
     /// The admission decision, when the limit is on.
     pub admitted: Option<bool>,
+    /// On the routes whose bodies may stream: streamed or buffered, and why.
+    pub body_path: Option<(&'static str, &'static str)>,
     /// With `--enable-trace`: this request's span, and when it started on the wall clock.
     pub span: Option<(SpanIds, std::time::SystemTime)>,
     /// The client asked to close (`Connection: close`, HTTP/1.0 without keep-alive), or the
@@ -138,6 +140,7 @@ impl RequestCtx {
             error_code: "",
             streaming: false,
             admitted: None,
+            body_path: None,
             span: None,
             close: close || shard.is_draining(),
             http10,

@@ -217,6 +217,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
         admitted: ctx.admitted,
         worker_error: (ctx.chosen.is_some() && ctx.status >= 500).then(|| metrics::error_type(ctx.status)),
         class: ctx.class.map(|c| c.as_str()),
+        body_path: ctx.body_path,
     });
     // The buffer may be gone (a body read that timed out takes it with the cancelled read).
     if let Some((ids, start)) = ctx.span {

@@ -60,6 +60,7 @@ use client::Client;
 use ctx::RequestCtx;
 use error::{ClientError, Failure, InternalError};
 use finish::{finish, Next, Outcome, READ_BUF};
+use stream_body::BodyPath;
 use upstream::{attempt, client_content_type, relay_response, upstream_head, AttemptError, Plan};
 
 /// Serves one client connection until it closes; a panic outside a request's phases ends
@@ -133,9 +134,13 @@ async fn request(
     if head.header(&client.buf, "x-smg-debug-panic").is_some() {
         panic!("deliberate panic (debug builds only)");
     }
-    if let Some(len) = stream_body::streams(shard, spec, head, &client.buf) {
-        if let Ok(o) = stream_body::forward(shard, client, head, ctx, spec, len).await {
-            return o;
+    if let Some(path) = stream_body::decide(shard, spec, head, &client.buf) {
+        ctx.body_path = Some(path.labels());
+        if let BodyPath::Stream { len, .. } = path {
+            match stream_body::forward(shard, client, head, ctx, spec, len).await {
+                Ok(o) => return o,
+                Err(_) => ctx.body_path = Some(("buffered", "no_available_worker")),
+            }
         }
     }
     let body = match body(shard, client, head, ctx).await {

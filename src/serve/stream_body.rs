@@ -42,34 +42,65 @@ use crate::workers::breaker::Verdict;
 /// reads and writes per 200 MB, small enough that it is all the memory it takes.
 const PUMP: usize = 256 * 1024;
 
-/// The body will be buffered after all (no worker could be chosen from the head alone).
-pub struct Buffer;
+/// Where a body goes, and SMG's `reason` label for it (`smg_router_request_body_path_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyPath {
+    Stream { len: usize, reason: &'static str },
+    Buffer(&'static str),
+}
 
-/// The body's declared length if it streams (see the module doc).
-pub fn streams(shard: &Shard, spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Option<usize> {
+impl BodyPath {
+    /// The metric's `(path, reason)` labels.
+    pub fn labels(self) -> (&'static str, &'static str) {
+        match self {
+            BodyPath::Stream { reason, .. } => ("streamed", reason),
+            BodyPath::Buffer(reason) => ("buffered", reason),
+        }
+    }
+}
+
+/// The decision for a request on a route whose body may stream (None for the others), by
+/// the first rule that applies (see the module doc).
+pub fn decide(shard: &Shard, spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Option<BodyPath> {
     if !spec.body_streams {
         return None;
     }
-    let BodyKind::Length { len } = head.body else { return None };
     let cfg = shard.cfg();
-    // A declared length over the cap is refused by the buffered path's reader, at once.
-    if len <= cfg.max_buffered_request_bytes || len > cfg.max_payload_size as u64 {
-        return None;
-    }
     let routing = &cfg.routing;
     if routing.routing_key_override {
-        return None;
+        return Some(BodyPath::Buffer("routing_key_override"));
     }
     if routing.policy.uses_text() && head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens).is_none() {
-        return None;
+        return Some(BodyPath::Buffer("policy_needs_text"));
     }
-    Some(len as usize)
+    {
+        let snap = shard.snapshot();
+        let mut models = snap.workers.iter().filter_map(|w| w.model.as_deref());
+        if let Some(first) = models.next() {
+            if models.any(|m| m != first) {
+                return Some(BodyPath::Buffer("model_ambiguous"));
+            }
+        }
+        if snap.workers.iter().any(|w| w.meta.dp_rank.is_some()) {
+            return Some(BodyPath::Buffer("worker_mutates_body"));
+        }
+    }
+    let BodyKind::Length { len } = head.body else { return Some(BodyPath::Buffer("no_content_length")) };
+    let retries = cfg.retry.is_some();
+    // A declared length over the cap is refused by the buffered path's reader, at once.
+    if len <= cfg.max_buffered_request_bytes || len > cfg.max_payload_size as u64 {
+        return Some(BodyPath::Buffer(if retries { "retryable" } else { "small_body" }));
+    }
+    let reason = if retries { "retry_forfeited" } else { "pure_forward" };
+    Some(BodyPath::Stream { len: len as usize, reason })
 }
 
+/// The body will be buffered after all (no worker could be chosen from the head alone).
+pub struct Buffer;
+
 /// Picks a worker from the head, then streams the body to it and relays its answer.
-/// `Err(Buffer)`: the fleet needs the body read after all (more than one model, a
-/// data-parallel worker), or no worker could be picked without it; nothing was read or
-/// reserved.
+/// `Err(Buffer)`: no worker could be picked without the body (the buffered path says why,
+/// or finds one once it has read the body); nothing was read or reserved.
 pub async fn forward(
     shard: &Rc<Shard>,
     client: &mut Client,
@@ -78,15 +109,9 @@ pub async fn forward(
     spec: &EndpointSpec,
     len: usize,
 ) -> Result<Outcome, Buffer> {
-    {
-        let snap = shard.snapshot();
-        let mut models = snap.workers.iter().filter_map(|w| w.model.as_deref());
-        let Some(model) = models.next() else { return Err(Buffer) };
-        if models.any(|m| m != model) || snap.workers.iter().any(|w| w.meta.dp_rank.is_some()) {
-            return Err(Buffer);
-        }
-        ctx.model = Some(model.to_owned());
-    }
+    let model = shard.snapshot().workers.iter().find_map(|w| w.model.clone());
+    let Some(model) = model else { return Err(Buffer) };
+    ctx.model = Some(model);
     if pick_worker(shard, spec, head, &client.buf, &[], ctx, &[]).is_err() {
         ctx.model = None;
         return Err(Buffer);
