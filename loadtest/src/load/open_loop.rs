@@ -46,10 +46,22 @@ pub async fn run(ctx: Rc<Ctx>, rate: f64, arrivals: Arrivals, max_conns: usize) 
     let rng = Rng::from_entropy();
     let mean_gap = 1.0 / rate.max(1e-9);
     let mut next = Instant::now();
+    let timer = match arrivals {
+        Arrivals::Trace(_) => match PreciseTimer::start() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("smg-load: no timer thread ({e}); trace send times fall back to the runtime's timer");
+                None
+            }
+        },
+        _ => None,
+    };
     loop {
-        if let Arrivals::Trace(offsets) = &arrivals {
+        if let (Arrivals::Trace(offsets), Some(t)) = (&arrivals, &timer) {
             next = ctx.started + trace_offset(offsets, ctx.next_global());
-            sleep_precise(next).await;
+            t.sleep_until(next).await;
+        } else if let Arrivals::Trace(offsets) = &arrivals {
+            next = ctx.started + trace_offset(offsets, ctx.next_global());
         }
         if next > Instant::now() {
             monoio::time::sleep_until(next).await;
@@ -80,34 +92,44 @@ pub async fn run(ctx: Rc<Ctx>, rate: f64, arrivals: Arrivals, max_conns: usize) 
     }
 }
 
-/// The timer wheel wakes up to a millisecond late; a trace promises its send times to better
-/// than that. So sleep on the timer until 2 ms before, then yield to the runtime (which keeps
-/// polling I/O in between) until the deadline: at most 2 ms of busy waiting per request, and
-/// none when requests are closer together than that.
-async fn sleep_precise(deadline: Instant) {
-    const SPIN: Duration = Duration::from_millis(2);
-    if let Some(coarse) = deadline.checked_sub(SPIN) {
-        if coarse > Instant::now() {
-            monoio::time::sleep_until(coarse).await;
-        }
-    }
-    while Instant::now() < deadline {
-        YieldNow(false).await;
-    }
+/// Wakes the load thread at trace send times to a few tens of microseconds. The runtime's
+/// timer wheel fires up to a millisecond late, and spinning until the deadline instead takes
+/// a core away from the target on a small box (its reads then start late, which is the error
+/// the trace promises away). So a helper thread sleeps in the kernel (`nanosleep` on an
+/// hrtimer) until each deadline and then wakes the runtime through a channel: the load
+/// thread stays parked, and keeps handling responses, meanwhile.
+struct PreciseTimer {
+    due: std::sync::mpsc::Sender<std::time::Instant>,
+    fired: flume::Receiver<()>,
 }
 
-/// Returns Pending once (waking itself), so other tasks and I/O completions run first.
-struct YieldNow(bool);
+impl PreciseTimer {
+    fn start() -> std::io::Result<Self> {
+        let (due, deadlines) = std::sync::mpsc::channel::<std::time::Instant>();
+        let (fire, fired) = flume::bounded(1);
+        std::thread::Builder::new().name("smg-load-timer".into()).spawn(move || {
+            // Ends when the load thread drops its end of either channel.
+            while let Ok(at) = deadlines.recv() {
+                let left = at.saturating_duration_since(std::time::Instant::now());
+                if !left.is_zero() {
+                    std::thread::sleep(left);
+                }
+                if fire.send(()).is_err() {
+                    return;
+                }
+            }
+        })?;
+        Ok(Self { due, fired })
+    }
 
-impl std::future::Future for YieldNow {
-    type Output = ();
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
+    async fn sleep_until(&self, deadline: Instant) {
+        // Closer than the round trip through the helper: already due.
+        if deadline.saturating_duration_since(Instant::now()) < Duration::from_micros(50) {
+            return;
         }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
+        if self.due.send(deadline.into_std()).is_ok() {
+            let _ = self.fired.recv_async().await;
+        }
     }
 }
 
