@@ -73,17 +73,8 @@ pub fn decide(shard: &Shard, spec: &EndpointSpec, head: &RequestHead, buf: &[u8]
     if routing.policy.uses_text() && head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens).is_none() {
         return Some(BodyPath::Buffer("policy_needs_text"));
     }
-    {
-        let snap = shard.snapshot();
-        let mut models = snap.workers.iter().filter_map(|w| w.model.as_deref());
-        if let Some(first) = models.next() {
-            if models.any(|m| m != first) {
-                return Some(BodyPath::Buffer("model_ambiguous"));
-            }
-        }
-        if snap.workers.iter().any(|w| w.meta.dp_rank.is_some()) {
-            return Some(BodyPath::Buffer("worker_mutates_body"));
-        }
+    if let Some(reason) = shard.snapshot().body_needed {
+        return Some(BodyPath::Buffer(reason));
     }
     let BodyKind::Length { len } = head.body else { return Some(BodyPath::Buffer("no_content_length")) };
     let retries = cfg.retry.is_some();
@@ -109,8 +100,7 @@ pub async fn forward(
     spec: &EndpointSpec,
     len: usize,
 ) -> Result<Outcome, Buffer> {
-    let model = shard.snapshot().workers.iter().find_map(|w| w.model.clone());
-    let Some(model) = model else { return Err(Buffer) };
+    let Some(model) = shard.snapshot().only_model.clone() else { return Err(Buffer) };
     ctx.model = Some(model);
     if pick_worker(shard, spec, head, &client.buf, &[], ctx, &[]).is_err() {
         ctx.model = None;

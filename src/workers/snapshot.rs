@@ -89,6 +89,12 @@ pub struct Snapshot {
     healthy: Routable,
     /// Pre-rendered GET /v1/models body; None when no worker serves any model.
     pub models_body: Option<Vec<u8>>,
+    /// Why a request body must be read to route on this fleet whatever the request says
+    /// (several models: the body names one; data-parallel workers: their rank is spliced
+    /// in), as the streamed-body decision's reason label; None when nothing here requires it.
+    pub body_needed: Option<&'static str>,
+    /// The fleet's one model, when it has exactly one.
+    pub only_model: Option<String>,
 }
 
 /// A model's workers as routing sees them. Overloaded workers are left out while any
@@ -144,7 +150,15 @@ impl Snapshot {
         let healthy_by_model = by_model.iter().map(|(m, ids)| (m.clone(), routable(ids))).collect();
         let all: Vec<usize> = (0..workers.len()).collect();
         let healthy = routable(&all);
-        Snapshot { generation, workers, healthy_by_model, healthy, models_body }
+        let only_model = (by_model.len() == 1).then(|| by_model.keys().next().cloned()).flatten();
+        let body_needed = if by_model.len() > 1 {
+            Some("model_ambiguous")
+        } else if workers.iter().any(|w| w.meta.dp_rank.is_some()) {
+            Some("worker_mutates_body")
+        } else {
+            None
+        };
+        Snapshot { generation, workers, healthy_by_model, healthy, models_body, body_needed, only_model }
     }
 
     /// The worker registered under `id`, if it still is.
