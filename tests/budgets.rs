@@ -306,3 +306,56 @@ fn redis_going_away_fails_no_request_and_is_reconciled() {
     eprintln!("with Redis away {away:.1} s: {used} tokens against {shared:.0} shared + {alone:.0} alone");
     assert!(used <= (shared + alone) * 1.01, "{used} tokens: more than the README's bound {:.0}", shared + alone);
 }
+
+/// Decisions answered by an SGLang worker settle the budget at the input tokens its System
+/// One reply counts, not at the estimate: padding makes the estimate five times the usage,
+/// so an unsettled budget would admit a fifth of the tokens it allows.
+#[test]
+fn decisions_settle_at_the_reported_input_tokens() {
+    both_drivers(|legacy| {
+        let w = Sim::start("m", &["--runtime", "sglang"]);
+        let policy = policy_file(&team_policy(30_000, 1_000_000));
+        let gw = start(legacy, &w.url(), &policy, &[]);
+        let q = r#"[{"type":"predicate","instructions":"On time?"}]"#;
+        let text = "word ".repeat(40);
+        let body = format!(
+            r#"{{"model":"m","input":[{{"role":"user","type":"message","content":[{{"type":"input_text","text":"{text}"}}]}}],"questions":{q}}}{}"#,
+            " ".repeat(3000)
+        );
+        let port = gw.port;
+        let began = Instant::now();
+        let run_for = Duration::from_secs(6);
+        let (mut used, mut estimated, mut denied) = (0u64, 0u64, 0u64);
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        while began.elapsed() < run_for {
+            let req = post_bytes("/v1/decisions", &body, &["X-SMG-Tenant-ID: team"]);
+            s.write_all(req.as_bytes()).unwrap();
+            let r = read_response(&mut s, &mut rest, false).unwrap();
+            match r.status {
+                200 => {
+                    used += r.json()["usage"]["input_tokens"].as_u64().expect("usage");
+                    estimated += estimate(&body, 0);
+                }
+                429 => {
+                    denied += 1;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                s => panic!("unexpected {s}: {}", r.text()),
+            }
+        }
+        let secs = began.elapsed().as_secs_f64();
+        let budget = 30_000.0 + 30_000.0 / 60.0 * secs;
+        let off = (used as f64 - budget) / budget;
+        eprintln!(
+            "decisions: {used} tokens used ({estimated} estimated, body {} bytes), {denied} denied; budget {budget:.0}",
+            body.len()
+        );
+        assert!(denied > 0, "the budget never bit");
+        assert!(estimated > 3 * used, "the padding should make the estimate far larger than the usage");
+        // One request's estimate of slack: the last admission may overshoot by it.
+        let slack = estimate(&body, 0) as f64 / budget;
+        assert!(off.abs() <= 0.02 + slack, "{used} tokens admitted against {budget:.0}: {:+.2}%", off * 100.0);
+    });
+}

@@ -70,7 +70,9 @@ fn parse_usage(rest: &[u8]) -> Option<(u64, u64)> {
         }
     }
     let obj = &rest[start..end?];
-    Some((number_after(obj, b"\"prompt_tokens\"")?, number_after(obj, b"\"completion_tokens\"")?))
+    let pair = |p: &[u8], c: &[u8]| Some((number_after(obj, p)?, number_after(obj, c)?));
+    // OpenAI's chat and completions names, else the Responses / Messages / Decisions ones.
+    pair(b"\"prompt_tokens\"", b"\"completion_tokens\"").or_else(|| pair(b"\"input_tokens\"", b"\"output_tokens\""))
 }
 
 fn number_after(obj: &[u8], key: &[u8]) -> Option<u64> {
@@ -110,6 +112,8 @@ mod tests {
         assert_eq!((s.prompt, s.completion), (Some(5), Some(7)));
         assert_eq!(scan(&[b"{\"usage\": {\"prompt_tokens\": 3}}"]).total(), None, "incomplete usage is no figure");
         assert_eq!(UsageScan::default().total(), None);
+        let decisions = br#"{"answers":[],"usage":{"input_tokens":9,"output_tokens":0,"input_tokens_details":{"cached_tokens":0}}}"#;
+        assert_eq!(scan(&[decisions]).total(), Some(9), "input/output token names count too");
         let mut off = UsageScan::default();
         off.feed(body);
         assert_eq!(off.total(), None, "off scans nothing");

@@ -101,13 +101,19 @@ pub async fn answer(shard: &Shard, ctx: &mut RequestCtx, answered: Answered, pla
         shard.put_conn(id, conn);
     }
     match decisions::map_reply(&body, plan) {
-        Some(out) => Outcome::Control(AdminReply {
-            status: 200,
-            content_type: "application/json",
-            body: out,
-            location: None,
-            api_error: None,
-        }),
+        Some((out, tokens)) => {
+            // A tenant budget is trued up to what the worker counted (no output tokens).
+            if let Some(r) = ctx.reservation.take() {
+                r.settle(tokens);
+            }
+            Outcome::Control(AdminReply {
+                status: 200,
+                content_type: "application/json",
+                body: out,
+                location: None,
+                api_error: None,
+            })
+        }
         None => Outcome::Failed(Failure::Rejected(ApiError::invalid_decisions_response())),
     }
 }

@@ -11,8 +11,9 @@ use crate::contract::json::{self, Doc, Kind};
 use smg_wire::json::put_str;
 use smg_wire::num::put_dec;
 
-/// The Decisions body for a 2xx System One `reply`, or None when it cannot be mapped.
-pub fn map_reply(reply: &[u8], plan: &Plan) -> Option<Vec<u8>> {
+/// The Decisions body for a 2xx System One `reply`, with the input tokens it reports, or
+/// None when it cannot be mapped.
+pub fn map_reply(reply: &[u8], plan: &Plan) -> Option<(Vec<u8>, u64)> {
     let doc = json::parse(reply).ok()?;
     let answers = doc.get_some(0, "answers").filter(|&a| doc.kind(a) == Kind::Object)?;
     let usage = doc.get_some(0, "usage")?;
@@ -101,7 +102,7 @@ pub fn map_reply(reply: &[u8], plan: &Plan) -> Option<Vec<u8>> {
     out.extend_from_slice(
         b",\"input_tokens_details\":{\"cached_tokens\":0,\"cache_write_tokens\":0},\"output_tokens_details\":{\"reasoning_tokens\":0}}}",
     );
-    Some(out)
+    Some((out, tokens))
 }
 
 /// A number in 0–1 (finite), kept as its tape index so its spelling is copied.
