@@ -114,12 +114,12 @@ impl PrefixCache {
         CacheResult { prompt_tokens, cached_tokens }
     }
 
-    /// Cached tokens over looked-up prompt tokens since start (or the last flush).
     /// Prompt bytes counted as one token.
     pub fn bytes_per_token(&self) -> usize {
         self.bytes_per_token
     }
 
+    /// Cached tokens over looked-up prompt tokens since start (or the last flush).
     pub fn hit_rate(&self) -> f64 {
         if self.lookups == 0 {
             0.0

@@ -19,7 +19,9 @@ pub struct GrpcState {
     pub aborts: Cell<u64>,
     /// Abort RPCs that stopped a running request.
     pub aborts_hit: Cell<u64>,
-    abort_ids: RefCell<VecDeque<String>>,
+    /// The latest Abort RPCs: request id and arrival (Unix ms), so a test can time how long a
+    /// gateway took to send one after its client left.
+    recent_aborts: RefCell<VecDeque<(String, u64)>>,
     /// Generate streams the client reset (went away) before they ended.
     pub cancelled: Cell<u64>,
     /// Every RPC by method name, unknown ones included.
@@ -45,11 +47,16 @@ impl GrpcState {
     /// An Abort RPC for `id`: recorded, and the call stopped if it is running. Returns whether it was.
     pub fn abort(&self, id: &str) -> bool {
         self.aborts.set(self.aborts.get() + 1);
-        let mut ids = self.abort_ids.borrow_mut();
-        if ids.len() == KEEP_ABORT_IDS {
-            ids.pop_front();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut recent = self.recent_aborts.borrow_mut();
+        if recent.len() == KEEP_ABORT_IDS {
+            recent.pop_front();
         }
-        ids.push_back(id.to_string());
+        recent.push_back((id.to_string(), now_ms));
+        drop(recent);
         let hit = self.running.borrow().get(id).cloned();
         match hit {
             Some(ev) => {
@@ -80,14 +87,17 @@ impl GrpcState {
             crate::sim::render::put_json_str(&mut v, s);
             String::from_utf8(v).unwrap_or_default()
         };
-        let ids: Vec<String> = self.abort_ids.borrow().iter().map(|s| q(s)).collect();
+        let recent = self.recent_aborts.borrow();
+        let ids: Vec<String> = recent.iter().map(|(id, _)| q(id)).collect();
+        let times: Vec<String> = recent.iter().map(|(_, t)| t.to_string()).collect();
         let rpcs: Vec<String> = self.rpcs.borrow().iter().map(|(m, n)| format!("{}:{n}", q(m))).collect();
         let last = self.last_generate.borrow();
         format!(
-            "{{\"aborts\":{},\"aborts_hit\":{},\"abort_ids\":[{}],\"cancelled\":{},\"in_flight\":{},\"rpcs\":{{{}}},\"last_generate\":{}}}",
+            "{{\"aborts\":{},\"aborts_hit\":{},\"abort_ids\":[{}],\"abort_unix_ms\":[{}],\"cancelled\":{},\"in_flight\":{},\"rpcs\":{{{}}},\"last_generate\":{}}}",
             self.aborts.get(),
             self.aborts_hit.get(),
             ids.join(","),
+            times.join(","),
             self.cancelled.get(),
             self.running_ids(),
             rpcs.join(","),
