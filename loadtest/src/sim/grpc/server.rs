@@ -41,11 +41,17 @@ where
                     let path = req.uri().path().to_string();
                     monoio::spawn(call(w.clone(), path, req.into_body(), respond));
                 }
-                // A connection error or the client's GOAWAY: the calls' streams end with it.
-                Some(Err(_)) | None => break,
+                Some(Err(_)) => return,
+                // The client's GOAWAY: no new calls, but those in flight still need the
+                // connection driven until they end.
+                None => break,
             },
-            _ = w.died.wait() => break,
+            _ = w.died.wait() => return,
         }
+    }
+    monoio::select! {
+        _ = std::future::poll_fn(|cx| conn.poll_closed(cx)) => {}
+        _ = w.died.wait() => {}
     }
 }
 
