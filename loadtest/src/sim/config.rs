@@ -150,6 +150,30 @@ pub struct SimArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     pub max_body: usize,
+
+    /// Serve SGLang's scheduler gRPC API (`sglang.grpc.scheduler.SglangScheduler`, HTTP/2) on
+    /// every port instead of the HTTP API; /sim/stats and /sim/control stay reachable on the same
+    /// port over HTTP/1.1. Injected failures become gRPC statuses (--fail-status mapped as gRPC
+    /// maps HTTP: 400 INVALID_ARGUMENT, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, ...).
+    #[arg(long)]
+    pub grpc: bool,
+    /// Directory the --grpc workers write their tokenizer to and name in GetModelInfo
+    /// (default: a directory of this process under the system temp dir).
+    #[arg(long)]
+    pub tokenizer_dir: Option<std::path::PathBuf>,
+    /// The tokenizer_path (and model_path) GetModelInfo reports instead of --tokenizer-dir: a
+    /// path the gateway cannot read makes it download the files with GetTokenizer.
+    #[arg(long)]
+    pub advertise_tokenizer_path: Option<String>,
+}
+
+/// The --grpc mode of a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcSpec {
+    /// Where the tokenizer files were written (GetTokenizer zips them from here).
+    pub tokenizer_dir: std::path::PathBuf,
+    /// What GetModelInfo reports as tokenizer_path and model_path.
+    pub advertised_path: String,
 }
 
 /// Timing knobs of one worker; `Copy` so the control endpoint can swap them in a `Cell`.
@@ -204,6 +228,8 @@ pub struct WorkerSpec {
     pub flap_health_ms: u64,
     pub dp_size: usize,
     pub max_body: usize,
+    /// Serve the gRPC scheduler API instead of HTTP.
+    pub grpc: Option<GrpcSpec>,
 }
 
 // === impl SimArgs ===
@@ -282,6 +308,7 @@ impl SimArgs {
                     flap_health_ms: self.flap_health_ms,
                     dp_size: self.dp_size,
                     max_body: self.max_body,
+                    grpc: None,
                 });
             }
         }

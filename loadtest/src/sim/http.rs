@@ -104,10 +104,15 @@ async fn fill(stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> io::Result<usize> {
 }
 
 /// Serves one connection until the peer leaves, an error occurs, or keep-alive ends.
-pub async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
+pub async fn serve(w: Rc<Worker>, stream: TcpStream) {
+    serve_prefixed(w, stream, Vec::with_capacity(READ_CHUNK)).await
+}
+
+/// As [`serve`], for a connection whose first bytes were already read into `rbuf` (the gRPC
+/// mode reads them to tell HTTP/2 from HTTP/1.1).
+pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<u8>) {
     let _ = stream.set_nodelay(true);
     let guard = w.track(stream.as_raw_fd());
-    let mut rbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut body: Vec<u8> = Vec::new();
     let mut s = Scratch::default();
     loop {

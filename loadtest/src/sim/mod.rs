@@ -6,11 +6,14 @@
 //!
 //! Boot order: every thread binds its ports, reports them, then the main thread prints one
 //! `listening` line per worker followed by `ready` (tests and scripts wait for that line).
+//!
+//! With `--grpc` the ports speak SGLang's scheduler gRPC API instead (grpc/mod.rs).
 
 pub mod admission;
 pub mod config;
 pub mod engine;
 pub mod faults;
+pub mod grpc;
 pub mod http;
 pub mod prefix_cache;
 pub mod profile;
@@ -34,7 +37,16 @@ use worker::Worker;
 
 /// Starts all workers and blocks until every one of them has died (or forever).
 pub fn run(args: SimArgs) -> Result<(), String> {
-    let specs = args.worker_specs()?;
+    let mut specs = args.worker_specs()?;
+    if args.grpc {
+        let dir = grpc::tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
+            .map_err(|e| format!("writing the simulated tokenizer: {e}"))?;
+        let advertised_path =
+            args.advertise_tokenizer_path.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());
+        for s in &mut specs {
+            s.grpc = Some(config::GrpcSpec { tokenizer_dir: dir.clone(), advertised_path: advertised_path.clone() });
+        }
+    }
     let threads = args.threads.clamp(1, specs.len());
     let cores = args.cores.as_deref().map(rt::parse_cores).transpose()?;
     let host: IpAddr = args.host.parse().map_err(|_| format!("bad --host {:?}", args.host))?;
@@ -73,7 +85,8 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     bound.sort_unstable();
     for (i, port) in &bound {
         let s = &specs[*i];
-        println!("listening {host}:{port} model={} runtime={}", s.model, s.runtime.name());
+        let proto = if s.grpc.is_some() { " protocol=grpc" } else { "" };
+        println!("listening {host}:{port} model={} runtime={}{proto}", s.model, s.runtime.name());
     }
     println!("ready driver={} threads={threads}", rt::driver_name());
     for j in joins {
@@ -118,6 +131,9 @@ async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
         }
         monoio::select! {
             accepted = listener.accept() => match accepted {
+                Ok((stream, _)) if w.grpc.is_some() => {
+                    monoio::spawn(grpc::serve(w.clone(), stream));
+                }
                 Ok((stream, _)) => {
                     monoio::spawn(http::serve(w.clone(), stream));
                 }

@@ -114,6 +114,11 @@ impl PrefixCache {
         CacheResult { prompt_tokens, cached_tokens }
     }
 
+    /// Prompt bytes counted as one token.
+    pub fn bytes_per_token(&self) -> usize {
+        self.bytes_per_token
+    }
+
     /// Cached tokens over looked-up prompt tokens since start (or the last flush).
     pub fn hit_rate(&self) -> f64 {
         if self.lookups == 0 {

@@ -282,9 +282,13 @@ pub fn stats_body(w: &Worker) -> String {
     for (i, c) in s.dp_rank_requests.iter().enumerate() {
         let _ = write!(out, "{}{}", if i == 0 { "" } else { "," }, c.get());
     }
+    out.push(']');
+    if w.grpc.is_some() {
+        let _ = write!(out, ",\"grpc\":{}", w.grpc_state.stats_json());
+    }
     let _ = write!(
         out,
-        "],\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{},\"flap_health_ms\":{},\"close_after_response\":{},\"reported_load\":{},\"dp_size\":{},\"prefill_batch_factor\":{},\"max_running\":{},\"kv_cache_tokens\":{},\"profile\":{}}}}}",
+        ",\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{},\"flap_health_ms\":{},\"close_after_response\":{},\"reported_load\":{},\"dp_size\":{},\"prefill_batch_factor\":{},\"max_running\":{},\"kv_cache_tokens\":{},\"profile\":{}}}}}",
         t.ttft_us as f64 / 1000.0,
         t.itl_us as f64 / 1000.0,
         t.prefill_ns_per_token as f64 / 1000.0,

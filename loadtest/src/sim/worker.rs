@@ -7,8 +7,9 @@ use std::rc::Rc;
 
 use crate::rng::Rng;
 use crate::sim::admission::Gate;
-use crate::sim::config::{FaultPlan, Runtime, Timing, WorkerSpec};
+use crate::sim::config::{FaultPlan, GrpcSpec, Runtime, Timing, WorkerSpec};
 use crate::sim::faults::Health;
+use crate::sim::grpc::state::GrpcState;
 use crate::sim::prefix_cache::PrefixCache;
 use crate::sim::render::put_json_str;
 use crate::sync::Event;
@@ -68,6 +69,10 @@ pub struct Worker {
     /// Open connections by id, so a dying worker can shut them all down like a crashed process would.
     pub conns: RefCell<HashMap<u64, RawFd>>,
     pub next_conn: Cell<u64>,
+    /// The gRPC mode (tokenizer location); None serves HTTP.
+    pub grpc: Option<GrpcSpec>,
+    /// gRPC-only bookkeeping (requests in flight by id, aborts seen).
+    pub grpc_state: GrpcState,
 }
 
 // === impl Worker ===
@@ -130,6 +135,8 @@ impl Worker {
             embedding_json,
             conns: RefCell::new(HashMap::new()),
             next_conn: Cell::new(0),
+            grpc: spec.grpc.clone(),
+            grpc_state: GrpcState::default(),
         })
     }
 

@@ -1,0 +1,432 @@
+//! The Generate call: admission into the batch, then output tokens on the timing model's
+//! schedule, as `GenerateStreamChunk`s (streaming) and one `GenerateComplete` per sample.
+//!
+//! Output: whole-word tokens of the simulated tokenizer, picked from the request id, sample
+//! index and position (so a request's text is reproducible and samples differ). Length: the
+//! request's max_new_tokens when given (finish "length"), else the worker's --output-tokens,
+//! the last of which is the model's stop token (finish "stop", matched_token_id: the first
+//! stop_token_ids entry, else `<|im_end|>`). A stop_token_ids entry drawn earlier ends that
+//! sample there. Stop tokens are counted in completion_tokens but not sent as output.
+//!
+//! Faults: --fail-rate answers the status --fail-status maps to, or `custom_params.sim_error`
+//! ("RESOURCE_EXHAUSTED", "unavailable", "3"...) names one per request; --hang-rate never
+//! answers; --truncate-rate ends the stream with INTERNAL after some tokens.
+
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use monoio::time::Instant;
+use smg_proto::scheduler::generate_complete::MatchedStop;
+use smg_proto::scheduler::{
+    generate_response, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk,
+};
+
+use crate::sim::faults::{self, Fault};
+use crate::sim::grpc::server::reject;
+use crate::sim::grpc::wire::{self, Code, Status};
+use crate::sim::grpc::{tokenizer, CONTEXT_LENGTH};
+use crate::sim::render::put_json_str;
+use crate::sim::timing;
+use crate::sim::worker::{bump, Worker};
+use crate::sync::Event;
+
+/// What one request will do, decided before it is admitted.
+struct Plan {
+    prompt_tokens: u32,
+    cached_tokens: u32,
+    samples: u32,
+    /// Tokens per sample, the stop token included when the sample ends on one.
+    length: u32,
+    /// The stop token the natural end emits; None when the length limit ends the sample.
+    natural_stop: Option<u32>,
+    stop_ids: Vec<u32>,
+    keep_stop: bool,
+    truncate_after: Option<u32>,
+    hang: bool,
+}
+
+pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse<Bytes>) {
+    let req: GenerateRequest = match wire::read_request(&mut body).await {
+        Ok(r) => r,
+        Err(s) => return reject(respond, &s),
+    };
+    *w.grpc_state.last_generate.borrow_mut() = describe(&req);
+    let plan = match plan(w, &req) {
+        Ok(p) => p,
+        Err(s) => {
+            bump(&w.stats.failed, 1);
+            return reject(respond, &s);
+        }
+    };
+    let Ok(mut send) = respond.send_response(wire::response_head(), false) else { return };
+    let abort = w.grpc_state.register(&req.request_id);
+    let outcome = generate(w, &req, &plan, &abort, &mut send).await;
+    w.grpc_state.unregister(&req.request_id);
+    match outcome {
+        Ok(()) => {
+            let _ = send.send_trailers(wire::trailers(None));
+            bump(&w.stats.completed, 1);
+        }
+        Err(End::Failed(s)) => {
+            let _ = send.send_trailers(wire::trailers(Some(&s)));
+        }
+        Err(End::Gone) => bump(&w.grpc_state.cancelled, 1),
+    }
+    if w.reached_die_after() && !w.died.is_fired() {
+        w.die();
+    }
+}
+
+/// Why a call ended early.
+enum End {
+    /// The client reset the stream (or the connection went away).
+    Gone,
+    /// The call ends with this status after what was sent.
+    Failed(Status),
+}
+
+/// What a wait was ended by.
+enum Wake {
+    Due,
+    Aborted,
+}
+
+/// Validates the request, draws its fault, and looks its prompt up in the prefix cache.
+fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
+    let ids = req.tokenized.as_ref().map(|t| t.input_ids.as_slice()).unwrap_or(&[]);
+    if ids.is_empty() {
+        return Err(Status::new(Code::InvalidArgument, "the request has no input_ids"));
+    }
+    if ids.len() as u64 >= CONTEXT_LENGTH as u64 {
+        let msg =
+            format!("the input ({} tokens) is longer than the model's context length ({CONTEXT_LENGTH})", ids.len());
+        return Err(Status::new(Code::InvalidArgument, msg));
+    }
+    if let Some(rank) = req.data_parallel_rank {
+        let ranks = &w.stats.dp_rank_requests;
+        match usize::try_from(rank).ok().and_then(|r| ranks.get(r)) {
+            Some(c) => bump(c, 1),
+            None => {
+                let msg = format!("data_parallel_rank {rank} out of range (dp_size {})", ranks.len());
+                return Err(Status::new(Code::InvalidArgument, msg));
+            }
+        }
+    }
+    let sp = req.sampling_params.clone().unwrap_or_default();
+    if let Some(code) = requested_error(&sp) {
+        return Err(Status::new(code, "simulated engine error (custom_params.sim_error)"));
+    }
+    let mut truncate_after = None;
+    let mut hang = false;
+    match faults::draw(&w.faults.get(), &w.rng) {
+        Fault::Fail { status } => return Err(Status::new(Code::from_http(status), "simulated engine failure")),
+        Fault::Hang => hang = true,
+        Fault::Truncate { after_tokens } => truncate_after = Some(after_tokens),
+        Fault::None => {}
+    }
+    let t = w.timing.get();
+    let (length, natural_stop) = match sp.max_new_tokens {
+        Some(0) => (0, None),
+        Some(m) => (timing::output_tokens(&t, Some(m as u64)).0, None),
+        None => {
+            let stop = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
+            (timing::output_tokens(&t, None).0, Some(stop))
+        }
+    };
+    let truncate_after = truncate_after.map(|a| a.unwrap_or(length / 2).min(length));
+    bump(&w.stats.inference, 1);
+    let key = cache_key(ids, w.cache.borrow().bytes_per_token());
+    let cache = w.cache.borrow_mut().lookup_insert(&key);
+    bump(&w.stats.prompt_tokens, ids.len() as u64);
+    bump(&w.stats.cached_tokens, cache.cached_tokens);
+    Ok(Plan {
+        prompt_tokens: ids.len() as u32,
+        cached_tokens: (cache.cached_tokens as u32).min(ids.len() as u32),
+        samples: sp.n.max(1),
+        length,
+        natural_stop,
+        stop_ids: sp.stop_token_ids.clone(),
+        keep_stop: sp.no_stop_trim,
+        truncate_after,
+        hang,
+    })
+}
+
+/// `custom_params.sim_error`: a per-request engine error for gateway tests.
+fn requested_error(sp: &smg_proto::scheduler::SamplingParams) -> Option<Code> {
+    use prost_types::value::Kind;
+    let v = sp.custom_params.as_ref()?.fields.get("sim_error")?;
+    match v.kind.as_ref()? {
+        Kind::StringValue(s) => Code::parse(s),
+        Kind::NumberValue(n) => Code::parse(&(*n as u32).to_string()),
+        _ => None,
+    }
+}
+
+/// The prompt as the prefix cache's bytes: `bytes_per_token` bytes per token id, so the cache
+/// counts exactly one token per id.
+fn cache_key(ids: &[u32], bytes_per_token: usize) -> Vec<u8> {
+    let mut key = Vec::with_capacity(ids.len() * bytes_per_token);
+    for id in ids {
+        let b = id.to_le_bytes();
+        key.extend((0..bytes_per_token).map(|i| b[i % 4]));
+    }
+    key
+}
+
+/// Token `k` of sample `index`: a whole word (with a leading space after the first), fixed by
+/// the request id, index and position.
+pub fn token_at(request_seed: u64, index: u32, k: u32) -> u32 {
+    let mut x = request_seed ^ ((index as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // splitmix64's finalizer: neighbouring positions give unrelated words.
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    let n = tokenizer::word_ids().len() as u64;
+    tokenizer::word((x % n) as usize, k > 0)
+}
+
+pub fn seed_of(request_id: &str) -> u64 {
+    // FNV-1a: stable across runs and platforms, unlike std's randomly keyed hasher.
+    request_id.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01B3))
+}
+
+/// One sample's progress.
+struct Sample {
+    output: Vec<u32>,
+    /// Tokens generated, stop token included.
+    generated: u32,
+    finished: Option<(&'static str, Option<u32>)>,
+}
+
+async fn generate(
+    w: &Rc<Worker>,
+    req: &GenerateRequest,
+    plan: &Plan,
+    abort: &Event,
+    send: &mut SendStream<Bytes>,
+) -> Result<(), End> {
+    if plan.hang {
+        bump(&w.stats.hung, 1);
+        wait(None, abort, send).await?;
+        return Err(End::Failed(Status::new(Code::Aborted, "aborted while hanging")));
+    }
+    let held = plan.prompt_tokens as u64 + plan.length as u64 * plan.samples as u64;
+    let permit = monoio::select! {
+        p = w.gate.admit(held) => p,
+        _ = abort.wait() => return finish_all(req, plan, &mut samples(plan), "abort", send),
+        _ = gone(send) => return Err(End::Gone),
+    };
+    let admitted = Instant::now();
+    bump(&w.stats.used_tokens, held);
+    let result = decode(w, req, plan, abort, send, admitted).await;
+    w.stats.used_tokens.set(w.stats.used_tokens.get() - held);
+    drop(permit);
+    result
+}
+
+fn samples(plan: &Plan) -> Vec<Sample> {
+    (0..plan.samples).map(|_| Sample { output: Vec::new(), generated: 0, finished: None }).collect()
+}
+
+async fn decode(
+    w: &Rc<Worker>,
+    req: &GenerateRequest,
+    plan: &Plan,
+    abort: &Event,
+    send: &mut SendStream<Bytes>,
+    admitted: Instant,
+) -> Result<(), End> {
+    let t = w.timing.get();
+    let sched = timing::schedule(&t, (plan.prompt_tokens - plan.cached_tokens) as u64, w.running(), w.max_running);
+    let dynamic = t.itl_batch_factor > 0.0;
+    let seed = seed_of(&req.request_id);
+    let mut samples = samples(plan);
+    let mut out = BytesMut::new();
+    let mut due = admitted + sched.first_token;
+    for k in 0..plan.length {
+        if k > 0 {
+            due += if dynamic { timing::itl(&t, w.running(), w.max_running) } else { sched.itl };
+        }
+        if plan.truncate_after == Some(k) {
+            bump(&w.stats.truncated, 1);
+            flush(&mut out, send)?;
+            return Err(End::Failed(Status::new(Code::Internal, "simulated mid-stream engine failure")));
+        }
+        if !sched.is_instant() && due > Instant::now() {
+            flush(&mut out, send)?;
+            if let Wake::Aborted = wait(Some(due), abort, send).await? {
+                return finish_all(req, plan, &mut samples, "abort", send);
+            }
+        } else if abort.is_fired() {
+            flush(&mut out, send)?;
+            return finish_all(req, plan, &mut samples, "abort", send);
+        }
+        for (i, s) in samples.iter_mut().enumerate().filter(|(_, s)| s.finished.is_none()) {
+            let natural_end = k + 1 == plan.length && plan.natural_stop.is_some();
+            let tok = if natural_end {
+                plan.natural_stop.unwrap_or(tokenizer::IM_END_ID)
+            } else {
+                token_at(seed, i as u32, k)
+            };
+            s.generated += 1;
+            bump(&w.stats.output_tokens, 1);
+            let is_stop = natural_end || plan.stop_ids.contains(&tok);
+            if is_stop {
+                s.finished = Some(("stop", Some(tok)));
+                if !plan.keep_stop {
+                    continue;
+                }
+            }
+            s.output.push(tok);
+            if req.stream {
+                let chunk = GenerateStreamChunk {
+                    token_ids: vec![tok],
+                    prompt_tokens: plan.prompt_tokens,
+                    completion_tokens: s.generated,
+                    cached_tokens: plan.cached_tokens,
+                    index: i as u32,
+                    ..Default::default()
+                };
+                out.extend_from_slice(&wire::frame(&response(req, generate_response::Response::Chunk(chunk))));
+            }
+        }
+        if samples.iter().all(|s| s.finished.is_some()) {
+            break;
+        }
+    }
+    if plan.truncate_after == Some(plan.length) {
+        bump(&w.stats.truncated, 1);
+        flush(&mut out, send)?;
+        return Err(End::Failed(Status::new(Code::Internal, "simulated mid-stream engine failure")));
+    }
+    flush(&mut out, send)?;
+    finish_all(req, plan, &mut samples, "length", send)
+}
+
+/// Sends one GenerateComplete per sample; `reason` for samples not finished yet.
+fn finish_all(
+    req: &GenerateRequest,
+    plan: &Plan,
+    samples: &mut [Sample],
+    reason: &'static str,
+    send: &mut SendStream<Bytes>,
+) -> Result<(), End> {
+    let mut out = BytesMut::new();
+    for (i, s) in samples.iter_mut().enumerate() {
+        let (finish_reason, matched) = s.finished.unwrap_or((reason, None));
+        let complete = GenerateComplete {
+            output_ids: std::mem::take(&mut s.output),
+            finish_reason: finish_reason.into(),
+            prompt_tokens: plan.prompt_tokens,
+            completion_tokens: s.generated,
+            cached_tokens: plan.cached_tokens,
+            matched_stop: matched.map(MatchedStop::MatchedTokenId),
+            index: i as u32,
+            ..Default::default()
+        };
+        out.extend_from_slice(&wire::frame(&response(req, generate_response::Response::Complete(complete))));
+    }
+    flush(&mut out, send)
+}
+
+fn response(req: &GenerateRequest, r: generate_response::Response) -> GenerateResponse {
+    GenerateResponse { request_id: req.request_id.clone(), response: Some(r) }
+}
+
+/// Hands the messages gathered so far to h2 (one DATA frame for all of them).
+fn flush(out: &mut BytesMut, send: &mut SendStream<Bytes>) -> Result<(), End> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    send.send_data(out.split().freeze(), false).map_err(|_| End::Gone)
+}
+
+/// Waits for `deadline` (None: forever) unless an Abort or the client's going away comes first.
+async fn wait(deadline: Option<Instant>, abort: &Event, send: &mut SendStream<Bytes>) -> Result<Wake, End> {
+    let sleep = async {
+        match deadline {
+            Some(d) => monoio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    monoio::select! {
+        _ = sleep => Ok(Wake::Due),
+        _ = abort.wait() => Ok(Wake::Aborted),
+        _ = gone(send) => Err(End::Gone),
+    }
+}
+
+/// Resolves when the client resets the stream or the connection fails.
+async fn gone(send: &mut SendStream<Bytes>) {
+    let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
+}
+
+/// The request's parameters as JSON, for /sim/stats "last_generate".
+fn describe(req: &GenerateRequest) -> String {
+    let sp = req.sampling_params.clone().unwrap_or_default();
+    let q = |s: &str| {
+        let mut v = Vec::new();
+        put_json_str(&mut v, s);
+        String::from_utf8(v).unwrap_or_default()
+    };
+    let ids = req.tokenized.as_ref().map(|t| t.input_ids.len()).unwrap_or(0);
+    let stop: Vec<String> = sp.stop.iter().map(|s| q(s)).collect();
+    let stop_ids: Vec<String> = sp.stop_token_ids.iter().map(|i| i.to_string()).collect();
+    let constraint = match &sp.constraint {
+        Some(smg_proto::scheduler::sampling_params::Constraint::Regex(_)) => "\"regex\"",
+        Some(smg_proto::scheduler::sampling_params::Constraint::JsonSchema(_)) => "\"json_schema\"",
+        Some(smg_proto::scheduler::sampling_params::Constraint::EbnfGrammar(_)) => "\"ebnf_grammar\"",
+        Some(smg_proto::scheduler::sampling_params::Constraint::StructuralTag(_)) => "\"structural_tag\"",
+        None => "null",
+    };
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
+    format!(
+        "{{\"request_id\":{},\"input_tokens\":{ids},\"stream\":{},\"n\":{},\"max_new_tokens\":{},\"temperature\":{},\"top_p\":{},\"top_k\":{},\"min_p\":{},\"frequency_penalty\":{},\"presence_penalty\":{},\"repetition_penalty\":{},\"stop\":[{}],\"stop_token_ids\":[{}],\"skip_special_tokens\":{},\"spaces_between_special_tokens\":{},\"ignore_eos\":{},\"no_stop_trim\":{},\"min_new_tokens\":{},\"constraint\":{constraint},\"return_logprob\":{},\"top_logprobs_num\":{},\"data_parallel_rank\":{}}}",
+        q(&req.request_id),
+        req.stream,
+        sp.n,
+        opt(sp.max_new_tokens.map(|v| v.to_string())),
+        sp.temperature,
+        sp.top_p,
+        sp.top_k,
+        sp.min_p,
+        sp.frequency_penalty,
+        sp.presence_penalty,
+        sp.repetition_penalty,
+        stop.join(","),
+        stop_ids.join(","),
+        sp.skip_special_tokens,
+        sp.spaces_between_special_tokens,
+        sp.ignore_eos,
+        sp.no_stop_trim,
+        sp.min_new_tokens,
+        req.return_logprob,
+        req.top_logprobs_num,
+        opt(req.data_parallel_rank.map(|v| v.to_string())),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_words_and_reproducible() {
+        let s = seed_of("req-1");
+        let a: Vec<u32> = (0..8).map(|k| token_at(s, 0, k)).collect();
+        let b: Vec<u32> = (0..8).map(|k| token_at(s, 1, k)).collect();
+        assert_eq!(a, (0..8).map(|k| token_at(seed_of("req-1"), 0, k)).collect::<Vec<_>>());
+        assert_ne!(a, b);
+        assert!(a[1..].iter().all(|t| tokenizer::word_ids().contains(t)));
+        assert!(!tokenizer::token_text(a[0]).starts_with(' '));
+    }
+
+    #[test]
+    fn cache_key_has_one_token_per_id() {
+        assert_eq!(cache_key(&[1, 2], 4), vec![1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(cache_key(&[1, 2], 2).len(), 4);
+    }
+}

@@ -1,0 +1,279 @@
+//! The simulated model's tokenizer: a small, valid Hugging Face byte-level BPE (GPT-2 style) that
+//! the simulator writes to a directory and names in GetModelInfo.tokenizer_path, so a gateway
+//! tokenizes prompts and detokenizes the simulator's output like a real model's.
+//!
+//! Vocabulary: three ChatML special tokens, the 256 byte tokens, then every prefix of a list of
+//! common English words, bare and with a leading space (`Ġ`), built by one merge per letter.
+//! Output is drawn from the whole-word, leading-space tokens, so detokenized text reads as words.
+//! Everything is generated from the constants below: the files are identical on every run.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::sim::render::put_json_str;
+
+pub const ENDOFTEXT: &str = "<|endoftext|>";
+pub const IM_START: &str = "<|im_start|>";
+pub const IM_END: &str = "<|im_end|>";
+/// Ids of the special tokens (first in the vocabulary).
+pub const ENDOFTEXT_ID: u32 = 0;
+pub const IM_START_ID: u32 = 1;
+/// The end of an assistant turn: the model's EOS.
+pub const IM_END_ID: u32 = 2;
+const SPECIALS: [&str; 3] = [ENDOFTEXT, IM_START, IM_END];
+/// Id of the byte token for byte 0; byte b is BYTE_BASE + b.
+const BYTE_BASE: u32 = SPECIALS.len() as u32;
+
+/// Words the simulated model says.
+const WORDS: &[&str] = &[
+    "the", "a", "and", "of", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at", "by", "this",
+    "from", "or", "an", "be", "are", "not", "but", "we", "you", "they", "can", "will", "one", "all", "there", "more",
+    "time", "model", "token", "answer", "question", "simple", "small", "large", "fast", "slow", "gateway", "worker",
+    "request", "stream", "cache", "prefix", "batch", "core", "thread", "engine", "router", "text", "word", "world",
+    "hello", "data", "light", "water", "river", "mountain", "city", "road", "house", "tree", "music", "story", "day",
+    "night", "morning", "good", "new", "first", "last", "long", "great", "little", "right", "old", "big", "high",
+];
+
+/// The ChatML template, written for this simulator (Jinja, as HF chat templates are).
+const CHAT_TEMPLATE: &str = "{%- for message in messages -%}\
+{{- '<|im_start|>' + message['role'] + '\\n' -}}\
+{%- if message['content'] is string -%}{{- message['content'] -}}\
+{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}\
+{%- endif -%}\
+{{- '<|im_end|>\\n' -}}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+/// GPT-2's byte-to-character table: printable Latin-1 bytes stand for themselves, the others are
+/// shifted to U+0100 and up, so every byte is one visible character in vocab and merges.
+fn byte_char(b: u8) -> char {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    if printable(b) {
+        return char::from(b);
+    }
+    let shifted = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + shifted).unwrap_or('?')
+}
+
+/// The vocabulary (index = id) and merges, built once.
+struct Vocab {
+    tokens: Vec<String>,
+    merges: Vec<(String, String)>,
+    /// Ids of whole words with a leading space (what the model outputs after its first word).
+    word_ids: Vec<u32>,
+    /// The same words without the space (a reply's first word).
+    bare_ids: Vec<u32>,
+}
+
+fn vocab() -> &'static Vocab {
+    static V: OnceLock<Vocab> = OnceLock::new();
+    V.get_or_init(|| {
+        let mut tokens: Vec<String> = SPECIALS.iter().map(|s| s.to_string()).collect();
+        tokens.extend((0..=255u8).map(|b| byte_char(b).to_string()));
+        let mut merges = Vec::new();
+        let mut word_ids = Vec::new();
+        let mut bare_ids = Vec::new();
+        for word in WORDS {
+            for spelled in [word.to_string(), format!(" {word}")] {
+                let chars: Vec<String> = spelled.bytes().map(|b| byte_char(b).to_string()).collect();
+                let mut acc = chars[0].clone();
+                for c in &chars[1..] {
+                    let merged = format!("{acc}{c}");
+                    if !tokens.contains(&merged) {
+                        merges.push((acc.clone(), c.clone()));
+                        tokens.push(merged.clone());
+                    }
+                    acc = merged;
+                }
+                let id = tokens.iter().position(|t| *t == acc).unwrap_or(0) as u32;
+                if spelled.starts_with(' ') {
+                    word_ids.push(id);
+                } else {
+                    bare_ids.push(id);
+                }
+            }
+        }
+        Vocab { tokens, merges, word_ids, bare_ids }
+    })
+}
+
+/// Ids of the whole-word tokens with a leading space.
+pub fn word_ids() -> &'static [u32] {
+    &vocab().word_ids
+}
+
+/// Word `i` (of `word_ids().len()`), with or without its leading space.
+pub fn word(i: usize, leading_space: bool) -> u32 {
+    let v = vocab();
+    if leading_space {
+        v.word_ids[i]
+    } else {
+        v.bare_ids[i]
+    }
+}
+
+pub fn vocab_size() -> usize {
+    vocab().tokens.len()
+}
+
+/// Id of the byte token for `b` (prompts a client built without the tokenizer still decode).
+pub fn byte_id(b: u8) -> u32 {
+    BYTE_BASE + b as u32
+}
+
+/// The text of token `id` (its bytes as UTF-8, lossy), for tests and logs.
+pub fn token_text(id: u32) -> String {
+    let v = vocab();
+    let Some(t) = v.tokens.get(id as usize) else { return String::new() };
+    if (id as usize) < SPECIALS.len() {
+        return t.clone();
+    }
+    let bytes: Vec<u8> = t.chars().filter_map(|c| (0..=255u8).find(|&b| byte_char(b) == c)).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// tokenizer.json (HF `tokenizers` format).
+pub fn tokenizer_json() -> String {
+    let v = vocab();
+    let mut s = String::with_capacity(64 * 1024);
+    s.push_str("{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[");
+    for (i, t) in SPECIALS.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}{{\"id\":{i},\"content\":{},\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true}}",
+            if i == 0 { "" } else { "," },
+            json(t)
+        );
+    }
+    s.push_str("],\"normalizer\":null,");
+    s.push_str("\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":true},");
+    s.push_str("\"post_processor\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":false,\"use_regex\":true},");
+    s.push_str(
+        "\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true},",
+    );
+    s.push_str("\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"continuing_subword_prefix\":null,\"end_of_word_suffix\":null,\"fuse_unk\":false,\"byte_fallback\":false,\"ignore_merges\":false,\"vocab\":{");
+    for (id, t) in v.tokens.iter().enumerate() {
+        let _ = write!(s, "{}{}:{id}", if id == 0 { "" } else { "," }, json(t));
+    }
+    s.push_str("},\"merges\":[");
+    for (i, (a, b)) in v.merges.iter().enumerate() {
+        let _ = write!(s, "{}{}", if i == 0 { "" } else { "," }, json(&format!("{a} {b}")));
+    }
+    s.push_str("]}}");
+    s
+}
+
+/// tokenizer_config.json: the special tokens' roles and the chat template.
+pub fn tokenizer_config_json() -> String {
+    let mut s = String::from("{\"added_tokens_decoder\":{");
+    for (i, t) in SPECIALS.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}\"{i}\":{{\"content\":{},\"lstrip\":false,\"normalized\":false,\"rstrip\":false,\"single_word\":false,\"special\":true}}",
+            if i == 0 { "" } else { "," },
+            json(t)
+        );
+    }
+    let _ = write!(
+        s,
+        "}},\"additional_special_tokens\":[{},{}],\"bos_token\":null,\"eos_token\":{},\"pad_token\":{},\"unk_token\":null,\"add_bos_token\":false,\"add_eos_token\":false,\"clean_up_tokenization_spaces\":false,\"model_max_length\":{},\"tokenizer_class\":\"PreTrainedTokenizerFast\",\"chat_template\":{}}}",
+        json(IM_START),
+        json(IM_END),
+        json(IM_END),
+        json(ENDOFTEXT),
+        super::CONTEXT_LENGTH,
+        json(CHAT_TEMPLATE)
+    );
+    s
+}
+
+/// config.json, the little of a model config a gateway reads next to the tokenizer.
+fn model_config_json() -> String {
+    format!(
+        "{{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"vocab_size\":{},\"max_position_embeddings\":{},\"bos_token_id\":null,\"eos_token_id\":{IM_END_ID},\"pad_token_id\":{ENDOFTEXT_ID}}}",
+        vocab_size(),
+        super::CONTEXT_LENGTH
+    )
+}
+
+fn json(s: &str) -> String {
+    let mut v = Vec::with_capacity(s.len() + 2);
+    put_json_str(&mut v, s);
+    String::from_utf8(v).unwrap_or_default()
+}
+
+/// The files of the tokenizer directory, by name.
+pub fn files() -> [(&'static str, String); 3] {
+    [
+        ("tokenizer.json", tokenizer_json()),
+        ("tokenizer_config.json", tokenizer_config_json()),
+        ("config.json", model_config_json()),
+    ]
+}
+
+/// Writes the tokenizer files into `dir` (created if needed). Each file goes through a temporary
+/// name and a rename, so a reader never sees half a file even while another simulator writes
+/// the same directory.
+pub fn write_to(dir: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, body) in files() {
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        std::fs::write(&tmp, body)?;
+        std::fs::rename(&tmp, dir.join(name))?;
+    }
+    Ok(())
+}
+
+/// The directory this process serves (`--tokenizer-dir`, else one under the temp dir), written
+/// once per process.
+pub fn ensure_dir(requested: Option<&Path>) -> io::Result<PathBuf> {
+    static DEFAULT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    if let Some(dir) = requested {
+        write_to(dir)?;
+        return Ok(dir.to_path_buf());
+    }
+    DEFAULT
+        .get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("smg-sim-tokenizer-{}", std::process::id()));
+            write_to(&dir).map(|_| dir).map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_table_is_gpt2s() {
+        assert_eq!(byte_char(b'a'), 'a');
+        assert_eq!(byte_char(b' '), 'Ġ');
+        assert_eq!(byte_char(b'\n'), 'Ċ');
+        let all: std::collections::HashSet<char> = (0..=255u8).map(byte_char).collect();
+        assert_eq!(all.len(), 256);
+    }
+
+    #[test]
+    fn words_are_single_tokens_with_a_leading_space() {
+        let ids = word_ids();
+        assert_eq!(ids.len(), WORDS.len());
+        assert_eq!(token_text(ids[0]), " the");
+        assert_eq!(token_text(word(0, false)), "the");
+        assert_eq!(token_text(word(WORDS.len() - 1, false)), "high");
+        assert_eq!(token_text(IM_END_ID), IM_END);
+        assert_eq!(token_text(byte_id(b'x')), "x");
+        assert!(vocab_size() > 500 && vocab_size() < 2000, "{}", vocab_size());
+        let spelled: String = " the".bytes().map(byte_char).collect();
+        assert_eq!(spelled, "Ġthe");
+    }
+
+    #[test]
+    fn files_are_json() {
+        for (name, body) in files() {
+            sonic_rs::from_str::<sonic_rs::Value>(&body).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+}

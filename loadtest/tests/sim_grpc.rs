@@ -1,0 +1,353 @@
+//! `smg-sim --grpc` spoken to by an h2 client built from smg-proto (the reference gateway's
+//! view is tests/e2e/test_grpc_sim_reference.py): the RPCs, Generate's token stream and its
+//! ends (length, stop token, stop_token_ids, n samples, Abort, the client leaving), injected
+//! engine errors as gRPC statuses, GetTokenizer's archive, and HTTP/1.1 stats on the same port.
+
+mod common;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use common::*;
+use monoio::io::IntoPollIo;
+use prost::Message;
+use smg_loadtest::sim::grpc::{generate, tokenizer};
+use smg_proto::paths::sglang_scheduler as path;
+use smg_proto::scheduler::{self as pb, generate_complete::MatchedStop, generate_response::Response as GenResp};
+use sonic_rs::JsonValueTrait;
+
+type Client = h2::client::SendRequest<Bytes>;
+
+/// The test's own runtime (epoll: the client side does not need io_uring).
+fn block_on<F: Future>(f: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime").block_on(f)
+}
+
+async fn connect(port: u16) -> Client {
+    let tcp = monoio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (client, conn) = h2::client::handshake(tcp.into_poll_io().expect("poll io")).await.expect("h2 handshake");
+    monoio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A call's messages and final status (code, message).
+struct Reply {
+    messages: Vec<Bytes>,
+    code: u32,
+    message: String,
+}
+
+fn frame<M: Message>(m: &M) -> Bytes {
+    let mut b = BytesMut::new();
+    b.extend_from_slice(&[0]);
+    b.extend_from_slice(&(m.encoded_len() as u32).to_be_bytes());
+    m.encode(&mut b).unwrap();
+    b.freeze()
+}
+
+fn status_of(h: &http::HeaderMap) -> Option<(u32, String)> {
+    let code = h.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+    let msg = h.get("grpc-message").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    Some((code, msg))
+}
+
+/// Starts a call; the response body is read by `finish`.
+async fn start<M: Message>(client: &mut Client, method: &str, req: &M) -> h2::client::ResponseFuture {
+    let request = http::Request::post(format!("http://127.0.0.1{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let mut c = client.clone().ready().await.expect("h2 ready");
+    let (resp, mut send) = c.send_request(request, false).expect("send request");
+    send.send_data(frame(req), true).expect("send body");
+    *client = c;
+    resp
+}
+
+async fn finish(resp: h2::client::ResponseFuture) -> Reply {
+    let resp = resp.await.expect("response head");
+    assert_eq!(resp.status(), 200);
+    if let Some((code, message)) = status_of(resp.headers()) {
+        return Reply { messages: Vec::new(), code, message };
+    }
+    let mut body = resp.into_body();
+    let mut buf = BytesMut::new();
+    while let Some(d) = body.data().await {
+        let d = d.expect("body");
+        let _ = body.flow_control().release_capacity(d.len());
+        buf.extend_from_slice(&d);
+    }
+    let (code, message) =
+        body.trailers().await.ok().flatten().as_ref().and_then(status_of).expect("grpc-status trailer");
+    let mut messages = Vec::new();
+    let mut buf = buf.freeze();
+    while buf.len() >= 5 {
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        buf.advance(5);
+        messages.push(buf.split_to(len));
+    }
+    assert!(buf.is_empty(), "trailing bytes in the body");
+    Reply { messages, code, message }
+}
+
+async fn call<M: Message>(client: &mut Client, method: &str, req: &M) -> Reply {
+    let resp = start(client, method, req).await;
+    finish(resp).await
+}
+
+fn decode<M: Message + Default>(r: &Reply) -> Vec<M> {
+    assert_eq!(r.code, 0, "status {} {}", r.code, r.message);
+    r.messages.iter().map(|m| M::decode(m.clone()).expect("decode")).collect()
+}
+
+fn gen_request(id: &str, stream: bool, sp: pb::SamplingParams) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        request_id: id.into(),
+        tokenized: Some(pb::TokenizedInput { original_text: String::new(), input_ids: (1..=40).collect() }),
+        sampling_params: Some(pb::SamplingParams { temperature: 1.0, top_p: 1.0, top_k: -1, ..sp }),
+        stream,
+        ..Default::default()
+    }
+}
+
+/// (chunks by index, completes by index).
+fn split(msgs: Vec<pb::GenerateResponse>) -> (Vec<pb::GenerateStreamChunk>, Vec<pb::GenerateComplete>) {
+    let (mut chunks, mut completes) = (Vec::new(), Vec::new());
+    for m in msgs {
+        match m.response.expect("response") {
+            GenResp::Chunk(c) => chunks.push(c),
+            GenResp::Complete(c) => completes.push(c),
+        }
+    }
+    (chunks, completes)
+}
+
+#[test]
+fn rpcs_and_generate_under_both_drivers() {
+    for legacy in DRIVERS {
+        let sim = Sim::start(&["--grpc", "--ports", "0", "--model", "sim-grpc", "--output-tokens", "6"], legacy);
+        let port = sim.port();
+        block_on(async {
+            let mut c = connect(port).await;
+            let h: Vec<pb::HealthCheckResponse> =
+                decode(&call(&mut c, path::HEALTH_CHECK, &pb::HealthCheckRequest {}).await);
+            assert!(h[0].healthy);
+
+            let info: Vec<pb::GetModelInfoResponse> =
+                decode(&call(&mut c, path::GET_MODEL_INFO, &pb::GetModelInfoRequest {}).await);
+            let info = &info[0];
+            assert_eq!(info.served_model_name, "sim-grpc");
+            assert_eq!(info.max_context_length, 32_768);
+            assert_eq!(info.eos_token_ids, vec![tokenizer::IM_END_ID as i32]);
+            let dir = std::path::Path::new(&info.tokenizer_path);
+            let tj = std::fs::read_to_string(dir.join("tokenizer.json")).expect("tokenizer.json in tokenizer_path");
+            assert!(sonic_rs::from_str::<sonic_rs::Value>(&tj).is_ok());
+            let cfg: sonic_rs::Value =
+                sonic_rs::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+            assert!(cfg["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+            assert_eq!(cfg["eos_token"].as_str(), Some("<|im_end|>"));
+            let defaults: sonic_rs::Value = sonic_rs::from_str(&info.default_sampling_params_json).unwrap();
+            assert!(defaults["temperature"].as_f64().is_some());
+
+            let si: Vec<pb::GetServerInfoResponse> =
+                decode(&call(&mut c, path::GET_SERVER_INFO, &pb::GetServerInfoRequest {}).await);
+            assert_eq!(si[0].server_type, "grpc");
+            let loads: Vec<pb::GetLoadsResponse> =
+                decode(&call(&mut c, path::GET_LOADS, &pb::GetLoadsRequest::default()).await);
+            assert_eq!(loads[0].loads.len(), 1);
+            assert!(loads[0].timestamp.ends_with('Z'));
+            let flushed: Vec<smg_proto::common::FlushCacheResponse> =
+                decode(&call(&mut c, path::FLUSH_CACHE, &smg_proto::common::FlushCacheRequest::default()).await);
+            assert!(flushed[0].success);
+
+            // Non-streaming, no limit: --output-tokens tokens, the last the stop token (not sent).
+            let r = call(&mut c, path::GENERATE, &gen_request("a", false, Default::default())).await;
+            let (chunks, done) = split(decode(&r));
+            assert!(chunks.is_empty());
+            assert_eq!(done.len(), 1);
+            let d = &done[0];
+            assert_eq!((d.finish_reason.as_str(), d.completion_tokens, d.output_ids.len()), ("stop", 6, 5));
+            assert_eq!(d.matched_stop, Some(MatchedStop::MatchedTokenId(tokenizer::IM_END_ID)));
+            assert_eq!(d.prompt_tokens, 40);
+            let text: String = d.output_ids.iter().map(|&t| tokenizer::token_text(t)).collect();
+            assert_eq!(text.split(' ').count(), 5, "{text:?}");
+
+            // Streaming with max_new_tokens: one chunk per token, cumulative counts, finish length.
+            let sp = pb::SamplingParams { max_new_tokens: Some(4), ..Default::default() };
+            let (chunks, done) = split(decode(&call(&mut c, path::GENERATE, &gen_request("b", true, sp)).await));
+            assert_eq!(chunks.iter().map(|c| c.completion_tokens).collect::<Vec<_>>(), [1, 2, 3, 4]);
+            assert_eq!(done[0].finish_reason, "length");
+            let streamed: Vec<u32> = chunks.iter().flat_map(|c| c.token_ids.clone()).collect();
+            assert_eq!(streamed, done[0].output_ids);
+            // The same request again hits the prefix cache (two whole 16-token blocks of 40).
+            let sp = pb::SamplingParams { max_new_tokens: Some(1), ..Default::default() };
+            let (_, done) = split(decode(&call(&mut c, path::GENERATE, &gen_request("b2", false, sp)).await));
+            assert_eq!(done[0].cached_tokens, 32);
+        });
+        let stats = http(port, "GET", "/sim/stats", "").json();
+        assert_eq!(stats["inference_requests"].as_u64(), Some(3));
+        assert_eq!(stats["grpc"]["rpcs"]["Generate"].as_u64(), Some(3));
+        assert_eq!(stats["grpc"]["last_generate"]["max_new_tokens"].as_u64(), Some(1));
+    }
+}
+
+#[test]
+fn samples_and_stop_token_ids() {
+    let sim = Sim::start(&["--grpc", "--ports", "0", "--output-tokens", "10"], false);
+    block_on(async {
+        let mut c = connect(sim.port()).await;
+        // n = 3: each index streams its own tokens and ends with its own complete.
+        let sp = pb::SamplingParams { n: 3, max_new_tokens: Some(5), ..Default::default() };
+        let (chunks, done) = split(decode(&call(&mut c, path::GENERATE, &gen_request("n3", true, sp)).await));
+        assert_eq!(chunks.len(), 15);
+        let mut idx: Vec<u32> = done.iter().map(|d| d.index).collect();
+        idx.sort_unstable();
+        assert_eq!(idx, [0, 1, 2]);
+        for d in &done {
+            let mine: Vec<u32> =
+                chunks.iter().filter(|c| c.index == d.index).flat_map(|c| c.token_ids.clone()).collect();
+            assert_eq!(mine, d.output_ids);
+        }
+        assert_ne!(done[0].output_ids, done[1].output_ids);
+
+        // A stop_token_ids entry the model produces at position 2 ends the sample there (a
+        // request id whose first three words differ, so the stop is not matched earlier).
+        let (id, earlier, third) = (0..100)
+            .map(|i| {
+                let id = format!("stop-{i}");
+                let seed = generate::seed_of(&id);
+                let earlier = [generate::token_at(seed, 0, 0), generate::token_at(seed, 0, 1)];
+                (id, earlier, generate::token_at(seed, 0, 2))
+            })
+            .find(|(_, earlier, third)| !earlier.contains(third) && earlier[0] != earlier[1])
+            .unwrap();
+        let sp = pb::SamplingParams { stop_token_ids: vec![third], ..Default::default() };
+        let (_, done) = split(decode(&call(&mut c, path::GENERATE, &gen_request(&id, false, sp)).await));
+        assert_eq!(done[0].finish_reason, "stop");
+        assert_eq!(done[0].output_ids, earlier);
+        assert_eq!(done[0].matched_stop, Some(MatchedStop::MatchedTokenId(third)));
+        assert_eq!(done[0].completion_tokens, 3);
+        // The natural end emits the first stop_token_ids entry instead of <|im_end|>.
+        let sp = pb::SamplingParams { stop_token_ids: vec![tokenizer::ENDOFTEXT_ID], ..Default::default() };
+        let (_, done) = split(decode(&call(&mut c, path::GENERATE, &gen_request("eot", false, sp)).await));
+        assert_eq!(done[0].matched_stop, Some(MatchedStop::MatchedTokenId(tokenizer::ENDOFTEXT_ID)));
+        // max_new_tokens 0: no output, finish length.
+        let sp = pb::SamplingParams { max_new_tokens: Some(0), ..Default::default() };
+        let (_, done) = split(decode(&call(&mut c, path::GENERATE, &gen_request("zero", false, sp)).await));
+        assert_eq!((done[0].completion_tokens, done[0].finish_reason.as_str()), (0, "length"));
+    });
+}
+
+#[test]
+fn abort_and_client_leaving_are_observed() {
+    let sim = Sim::start(&["--grpc", "--ports", "0", "--itl-ms", "20"], false);
+    let port = sim.port();
+    block_on(async {
+        let mut c = connect(port).await;
+        let sp = pb::SamplingParams { max_new_tokens: Some(1000), ..Default::default() };
+        let resp = start(&mut c, path::GENERATE, &gen_request("to-abort", true, sp.clone())).await;
+        let reader = monoio::spawn(finish(resp));
+        monoio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        let ack: Vec<pb::AbortResponse> = decode(
+            &call(&mut c, path::ABORT, &pb::AbortRequest { request_id: "to-abort".into(), reason: "test".into() })
+                .await,
+        );
+        assert!(ack[0].success);
+        let (chunks, done) = split(decode(&reader.await));
+        assert!(t0.elapsed() < Duration::from_millis(500), "abort took {:?}", t0.elapsed());
+        assert!(!chunks.is_empty() && chunks.len() < 100, "{} chunks", chunks.len());
+        assert_eq!(done[0].finish_reason, "abort");
+
+        // A client that resets its stream: the call is counted as cancelled.
+        let resp = start(&mut c, path::GENERATE, &gen_request("leaver", true, sp)).await;
+        let head = resp.await.expect("head");
+        let mut body = head.into_body();
+        let _ = body.data().await;
+        drop(body);
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = http(port, "GET", "/sim/stats", "").json();
+        let g = &stats["grpc"];
+        if g["cancelled"].as_u64() == Some(1) {
+            assert_eq!(g["aborts"].as_u64(), Some(1));
+            assert_eq!(g["aborts_hit"].as_u64(), Some(1));
+            assert_eq!(g["abort_ids"][0].as_str(), Some("to-abort"));
+            assert_eq!(g["in_flight"].as_u64(), Some(0));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reset stream was never counted: {stats:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn engine_errors_are_grpc_statuses() {
+    let sim = Sim::start(&["--grpc", "--ports", "0"], false);
+    let port = sim.port();
+    block_on(async {
+        let mut c = connect(port).await;
+        for (name, code) in [("INVALID_ARGUMENT", 3), ("resource_exhausted", 8), ("14", 14)] {
+            let mut fields = std::collections::BTreeMap::new();
+            fields.insert(
+                "sim_error".to_string(),
+                prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(name.into())) },
+            );
+            let sp = pb::SamplingParams { custom_params: Some(prost_types::Struct { fields }), ..Default::default() };
+            let r = call(&mut c, path::GENERATE, &gen_request("e", true, sp)).await;
+            assert_eq!(r.code, code, "{name}: {}", r.message);
+            assert!(r.messages.is_empty());
+        }
+        let empty = pb::GenerateRequest { request_id: "x".into(), ..Default::default() };
+        assert_eq!(call(&mut c, path::GENERATE, &empty).await.code, 3);
+        let r = call(&mut c, "/sglang.grpc.scheduler.SglangScheduler/Nope", &pb::HealthCheckRequest {}).await;
+        assert_eq!(r.code, 12);
+        let r = call(&mut c, "/vllm.grpc.engine.VllmEngine/HealthCheck", &pb::HealthCheckRequest {}).await;
+        assert_eq!(r.code, 12);
+    });
+    // --fail-rate / --fail-status, set at run time, map as gRPC maps HTTP statuses.
+    for (status, code) in [(429, 8), (503, 14), (400, 3)] {
+        let body = format!("{{\"fail_rate\":1,\"fail_status\":{status}}}");
+        assert_eq!(http(port, "POST", "/sim/control", &body).status, 200);
+        let r = block_on(async {
+            let mut c = connect(port).await;
+            call(&mut c, path::GENERATE, &gen_request("f", false, Default::default())).await
+        });
+        assert_eq!(r.code, code, "fail_status {status}");
+    }
+    // A stream cut mid-way ends with INTERNAL after the tokens before the cut.
+    let ctl = r#"{"fail_rate":0,"truncate_rate":1,"truncate_after_tokens":2}"#;
+    assert_eq!(http(port, "POST", "/sim/control", ctl).status, 200);
+    let r = block_on(async {
+        let mut c = connect(port).await;
+        call(&mut c, path::GENERATE, &gen_request("t", true, Default::default())).await
+    });
+    assert_eq!((r.code, r.messages.len()), (13, 2));
+}
+
+#[test]
+fn tokenizer_bundle() {
+    let sim = Sim::start(&["--grpc", "--ports", "0", "--advertise-tokenizer-path", "/nonexistent/sim"], false);
+    block_on(async {
+        let mut c = connect(sim.port()).await;
+        let info: Vec<pb::GetModelInfoResponse> =
+            decode(&call(&mut c, path::GET_MODEL_INFO, &pb::GetModelInfoRequest {}).await);
+        assert_eq!(info[0].tokenizer_path, "/nonexistent/sim");
+        let chunks: Vec<smg_proto::common::GetTokenizerChunk> =
+            decode(&call(&mut c, path::GET_TOKENIZER, &smg_proto::common::GetTokenizerRequest {}).await);
+        let zip: Vec<u8> = chunks.iter().flat_map(|c| c.data.clone()).collect();
+        use sha2::Digest;
+        let hex: String = sha2::Sha256::digest(&zip).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(chunks.last().unwrap().sha256, hex);
+        assert!(chunks[..chunks.len() - 1].iter().all(|c| c.sha256.is_empty()));
+        assert_eq!(&zip[..4], b"PK\x03\x04");
+        for name in ["tokenizer.json", "tokenizer_config.json"] {
+            assert!(zip.windows(name.len()).any(|w| w == name.as_bytes()), "{name} not in the archive");
+        }
+    });
+}
