@@ -15,7 +15,7 @@ use prost::Message;
 use smg_loadtest::sim::grpc::{generate, tokenizer};
 use smg_proto::paths::sglang_scheduler as path;
 use smg_proto::scheduler::{self as pb, generate_complete::MatchedStop, generate_response::Response as GenResp};
-use sonic_rs::JsonValueTrait;
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 
 type Client = h2::client::SendRequest<Bytes>;
 
@@ -350,4 +350,118 @@ fn tokenizer_bundle() {
             assert!(zip.windows(name.len()).any(|w| w == name.as_bytes()), "{name} not in the archive");
         }
     });
+}
+
+/// The llama.cpp server and model of the end-to-end test (`.ci/llama-worker.sh`, exported by
+/// `.ci/run` as LLAMA_SERVER and LLAMA_MODEL, else its cache). None only when neither is
+/// there, which the caller reports loudly.
+fn llama_files() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let cache = std::env::var_os("SMG_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/smg"));
+    let from_env = std::env::var_os("LLAMA_SERVER").is_some();
+    let server = std::env::var_os("LLAMA_SERVER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| cache.join("llama-server-11434/llama-server"));
+    let model = std::env::var_os("LLAMA_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| cache.join("SmolLM2-135M-Instruct.Q4_1.gguf"));
+    let there = server.exists() && model.exists();
+    assert!(
+        there || !from_env,
+        "LLAMA_SERVER/LLAMA_MODEL set but {} or {} is missing",
+        server.display(),
+        model.display()
+    );
+    there.then_some((server, model))
+}
+
+struct Llama {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Llama {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_llama(server: &std::path::Path, model: &std::path::Path) -> Llama {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = std::process::Command::new(server)
+        .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string(), "-c", "2048"])
+        .args(["-np", "2", "--log-disable"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn llama-server");
+    let llama = Llama { child, port };
+    let until = Instant::now() + Duration::from_secs(60);
+    while !http_raw(port, &request_bytes("GET", "/health", ""), Duration::from_secs(2))
+        .is_ok_and(|r| parse_response(&r).status == 200)
+    {
+        assert!(Instant::now() < until, "llama-server never became healthy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    llama
+}
+
+/// `--llama-url`: Generate is served by the real model. A greedy request's tokens through the
+/// bridge, streamed and not, are exactly llama-server's own for the same prompt ids.
+#[test]
+fn generate_through_a_real_llama_cpp_model() {
+    let Some((server, model)) = llama_files() else {
+        eprintln!("\n!!!!!!!! SKIPPED the llama.cpp bridge: no llama-server or model; run `bash .ci/llama-worker.sh` !!!!!!!!\n");
+        return;
+    };
+    let llama = start_llama(&server, &model);
+    let url = format!("http://127.0.0.1:{}", llama.port);
+    let prompt = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n";
+    let tok = http(llama.port, "POST", "/tokenize", &format!(r#"{{"content":{prompt:?},"add_special":false}}"#)).json();
+    let ids: Vec<u32> = tok["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    // llama-server itself, greedy, with the same ids.
+    let ids_json = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let own = http(
+        llama.port,
+        "POST",
+        "/completion",
+        &format!(
+            r#"{{"prompt":[{ids_json}],"n_predict":24,"temperature":0,"return_tokens":true,"cache_prompt":false}}"#
+        ),
+    )
+    .json();
+    let want: Vec<u32> = own["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    assert!(!want.is_empty());
+    for legacy in DRIVERS {
+        let sim = Sim::start(&["--grpc", "--ports", "0", "--model", "smollm2", "--llama-url", &url], legacy);
+        block_on(async {
+            let mut c = connect(sim.port()).await;
+            let sp = pb::SamplingParams {
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: -1,
+                max_new_tokens: Some(24),
+                repetition_penalty: 1.0,
+                ..Default::default()
+            };
+            let req = |id: &str, stream: bool| pb::GenerateRequest {
+                request_id: id.into(),
+                tokenized: Some(pb::TokenizedInput { original_text: String::new(), input_ids: ids.clone() }),
+                sampling_params: Some(sp.clone()),
+                stream,
+                ..Default::default()
+            };
+            let (chunks, done) = split(decode(&call(&mut c, path::GENERATE, &req("s", true)).await));
+            let streamed: Vec<u32> = chunks.iter().flat_map(|c| c.token_ids.clone()).collect();
+            assert_eq!(streamed, want, "streamed tokens differ from llama-server's own");
+            assert_eq!(done[0].output_ids, want);
+            assert_eq!(done[0].prompt_tokens as usize, ids.len());
+            let (chunks, done) = split(decode(&call(&mut c, path::GENERATE, &req("n", false)).await));
+            assert!(chunks.is_empty());
+            assert_eq!(done[0].output_ids, want, "non-streamed tokens differ from llama-server's own");
+            assert!(["stop", "length"].contains(&done[0].finish_reason.as_str()));
+        });
+    }
 }

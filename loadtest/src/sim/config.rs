@@ -165,6 +165,11 @@ pub struct SimArgs {
     /// path the gateway cannot read makes it download the files with GetTokenizer.
     #[arg(long)]
     pub advertise_tokenizer_path: Option<String>,
+    /// With --grpc: serve Generate with a real model, through the llama.cpp server at this
+    /// `http://host:port` (prompt token ids in, sampled token ids out); pair it with
+    /// --advertise-tokenizer-path naming that model's tokenizer.
+    #[arg(long, requires = "grpc")]
+    pub llama_url: Option<String>,
 }
 
 /// The --grpc mode of a worker.
@@ -174,6 +179,8 @@ pub struct GrpcSpec {
     pub tokenizer_dir: std::path::PathBuf,
     /// What GetModelInfo reports as tokenizer_path and model_path.
     pub advertised_path: String,
+    /// `--llama-url`: Generate goes to this llama.cpp server.
+    pub llama: Option<std::net::SocketAddr>,
 }
 
 /// Timing knobs of one worker; `Copy` so the control endpoint can swap them in a `Cell`.

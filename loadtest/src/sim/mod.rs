@@ -43,8 +43,10 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             .map_err(|e| format!("writing the simulated tokenizer: {e}"))?;
         let advertised_path =
             args.advertise_tokenizer_path.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());
+        let llama = args.llama_url.as_deref().map(grpc::llama::parse_url).transpose()?;
         for s in &mut specs {
-            s.grpc = Some(config::GrpcSpec { tokenizer_dir: dir.clone(), advertised_path: advertised_path.clone() });
+            let (tokenizer_dir, advertised_path) = (dir.clone(), advertised_path.clone());
+            s.grpc = Some(config::GrpcSpec { tokenizer_dir, advertised_path, llama });
         }
     }
     let threads = args.threads.clamp(1, specs.len());

@@ -26,7 +26,7 @@ use smg_proto::scheduler::{
 use crate::sim::faults::{self, Fault};
 use crate::sim::grpc::server::reject;
 use crate::sim::grpc::wire::{self, Code, Status};
-use crate::sim::grpc::{tokenizer, CONTEXT_LENGTH};
+use crate::sim::grpc::{llama, tokenizer, CONTEXT_LENGTH};
 use crate::sim::render::put_json_str;
 use crate::sim::timing;
 use crate::sim::worker::{bump, Worker};
@@ -53,6 +53,9 @@ pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse
         Err(s) => return reject(respond, &s),
     };
     *w.grpc_state.last_generate.borrow_mut() = describe(&req);
+    if let Some(addr) = w.grpc.as_ref().and_then(|g| g.llama) {
+        return bridge(w, addr, &req, respond).await;
+    }
     let plan = match plan(w, &req) {
         Ok(p) => p,
         Err(s) => {
@@ -79,8 +82,27 @@ pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse
     }
 }
 
+/// A Generate call served by the llama.cpp server at `addr` (`--llama-url`).
+async fn bridge(w: &Rc<Worker>, addr: std::net::SocketAddr, req: &GenerateRequest, mut respond: SendResponse<Bytes>) {
+    let Ok(mut send) = respond.send_response(wire::response_head(), false) else { return };
+    let abort = w.grpc_state.register(&req.request_id);
+    let outcome = llama::generate(addr, req, &abort, &mut send).await;
+    w.grpc_state.unregister(&req.request_id);
+    match outcome {
+        Ok(()) => {
+            let _ = send.send_trailers(wire::trailers(None));
+            bump(&w.stats.completed, 1);
+        }
+        Err(End::Failed(s)) => {
+            bump(&w.stats.failed, 1);
+            let _ = send.send_trailers(wire::trailers(Some(&s)));
+        }
+        Err(End::Gone) => bump(&w.grpc_state.cancelled, 1),
+    }
+}
+
 /// Why a call ended early.
-enum End {
+pub(crate) enum End {
     /// The client reset the stream (or the connection went away).
     Gone,
     /// The call ends with this status after what was sent.
@@ -332,7 +354,7 @@ fn finish_all(
     flush(&mut out, send)
 }
 
-fn response(req: &GenerateRequest, r: generate_response::Response) -> GenerateResponse {
+pub(crate) fn response(req: &GenerateRequest, r: generate_response::Response) -> GenerateResponse {
     GenerateResponse { request_id: req.request_id.clone(), response: Some(r) }
 }
 
@@ -360,7 +382,7 @@ async fn wait(deadline: Option<Instant>, abort: &Event, send: &mut SendStream<By
 }
 
 /// Resolves when the client resets the stream or the connection fails.
-async fn gone(send: &mut SendStream<Bytes>) {
+pub(crate) async fn gone(send: &mut SendStream<Bytes>) {
     let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
 }
 

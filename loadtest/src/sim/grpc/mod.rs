@@ -9,11 +9,13 @@
 //! - `server`: the h2 connection and the method table;
 //! - `generate`: the Generate stream; `info`: the unary RPCs; `bundle`: GetTokenizer's zip;
 //! - `wire`: gRPC message framing and statuses; `rewind`: replay of the sniffed bytes;
-//! - `tokenizer`: the simulated model's tokenizer files; `state`: aborts and in-flight calls.
+//! - `tokenizer`: the simulated model's tokenizer files; `state`: aborts and in-flight calls;
+//! - `llama`: `--llama-url`, Generate served by a real model on a llama.cpp server.
 
 pub mod bundle;
 pub mod generate;
 pub mod info;
+pub mod llama;
 pub mod rewind;
 pub mod server;
 pub mod state;
