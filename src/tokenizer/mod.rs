@@ -1,0 +1,135 @@
+//! The gateway's tokenizer, for workers that take token ids (gRPC): a model's Hugging Face
+//! `tokenizer.json` through the `tokenizers` crate, its chat template, and an incremental
+//! detokenizer. Loaded once per model, off the request path, and shared by every shard.
+//!
+//! `config.rs` reads `tokenizer_config.json`; `template.rs` renders the chat template (with
+//! `pyjson.rs`'s `tojson` and `json_value.rs`'s request values); `decode.rs` turns a token
+//! stream back into text; `gguf.rs` reads a GGUF file's metadata and `from_gguf.rs` turns a
+//! llama.cpp model's vocabulary into the two Hugging Face files.
+
+pub mod config;
+pub mod decode;
+pub mod from_gguf;
+pub mod gguf;
+pub mod json_value;
+pub mod pyjson;
+pub mod template;
+
+use std::path::Path;
+
+pub use config::TokenizerConfig;
+pub use decode::IncrementalDecoder;
+pub use template::{ChatTemplate, TemplateInput};
+
+/// A model's tokenizer, chat template and detokenizer table.
+pub struct Tokenizer {
+    hf: tokenizers::Tokenizer,
+    config: TokenizerConfig,
+    template: Option<ChatTemplate>,
+    /// None when the decoder is not a per-token byte map (then `DecodeStream` decodes).
+    table: Option<decode::TokenBytes>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab", &self.hf.get_vocab_size(true))
+            .field("template", &self.template.is_some())
+            .field("table", &self.table.is_some())
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads a model directory: `tokenizer.json`, and when present `tokenizer_config.json`
+    /// and `chat_template.jinja` (newer transformers save the template there; it wins).
+    pub fn from_dir(dir: &Path) -> Result<Self, String> {
+        let read = |name: &str| std::fs::read(dir.join(name));
+        let tj = read("tokenizer.json").map_err(|e| format!("{}: {e}", dir.join("tokenizer.json").display()))?;
+        let cfg = read("tokenizer_config.json").ok().map(|b| String::from_utf8_lossy(&b).into_owned());
+        let tpl = read("chat_template.jinja").ok().map(|b| String::from_utf8_lossy(&b).into_owned());
+        Self::from_parts(&tj, cfg.as_deref(), tpl)
+    }
+
+    /// Builds the tokenizer of a llama.cpp GGUF model (see `from_gguf.rs`).
+    pub fn from_gguf(path: &Path) -> Result<Self, String> {
+        let files = from_gguf::convert_file(path)?;
+        Self::from_parts(files.tokenizer_json.as_bytes(), Some(&files.tokenizer_config_json), None)
+    }
+
+    /// From the files' contents; `template` overrides the config's `chat_template`.
+    pub fn from_parts(
+        tokenizer_json: &[u8],
+        config_json: Option<&str>,
+        template: Option<String>,
+    ) -> Result<Self, String> {
+        let hf = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| format!("tokenizer.json: {e}"))?;
+        let config = match config_json {
+            Some(c) => TokenizerConfig::parse(c)?,
+            None => TokenizerConfig::default(),
+        };
+        let template = match template.or_else(|| config.chat_template.clone()) {
+            Some(src) => Some(ChatTemplate::new(&src, &config)?),
+            None => None,
+        };
+        let table = decode::TokenBytes::build(&hf);
+        Ok(Tokenizer { hf, config, template, table })
+    }
+
+    /// Appends `text`'s ids to `out` (cleared first, capacity kept). `add_special` adds what
+    /// the post-processor adds (BOS for models that want it); special tokens written in the
+    /// text (`<|im_start|>`) are always recognised, as in transformers and llama.cpp.
+    pub fn encode_into(&self, text: &str, add_special: bool, out: &mut Vec<u32>) -> Result<(), String> {
+        out.clear();
+        // encode_fast: no character offsets (the gateway never maps ids back to spans).
+        let enc = self.hf.encode_fast(text, add_special).map_err(|e| format!("tokenize: {e}"))?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, String> {
+        let mut v = Vec::new();
+        self.encode_into(text, add_special, &mut v)?;
+        Ok(v)
+    }
+
+    /// A detokenizer for one generated sequence.
+    pub fn decoder(&self, skip_special: bool) -> IncrementalDecoder<'_> {
+        match &self.table {
+            Some(t) => IncrementalDecoder::with_table(t, skip_special),
+            None => IncrementalDecoder::with_stream(&self.hf, skip_special),
+        }
+    }
+
+    /// All of `ids` as text, through the incremental path (the same text a stream shows).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut out = String::new();
+        let mut d = self.decoder(skip_special);
+        for &id in ids {
+            d.step(id, &mut out);
+        }
+        d.finish(&mut out);
+        out
+    }
+
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    pub fn config(&self) -> &TokenizerConfig {
+        &self.config
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.hf.token_to_id(token)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.hf.get_vocab_size(true)
+    }
+
+    /// The `tokenizers` crate's own decode (for checks against the fast path).
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.hf
+    }
+}
