@@ -320,4 +320,41 @@ mod tests {
         push_metaspace(&mut b, "<0xE2>", true);
         assert_eq!(b, b" Hello \xE2");
     }
+
+    fn stepwise(tok: &crate::tokenizer::Tokenizer, ids: &[u32]) -> Vec<String> {
+        let mut d = tok.decoder(false);
+        ids.iter()
+            .map(|&id| {
+                let mut out = String::new();
+                d.step(id, &mut out);
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sentencepiece_byte_fallback_and_first_space() {
+        let tj = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":null,"post_processor":null,
+            "decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},
+                {"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]},
+            "model":{"type":"BPE","dropout":null,"unk_token":"<unk>","continuing_subword_prefix":null,
+                "end_of_word_suffix":null,"fuse_unk":true,"byte_fallback":true,"ignore_merges":false,
+                "vocab":{"<unk>":0,"▁hi":1,"▁there":2,"<0xC3>":3,"<0xA9>":4,"▁":5},"merges":[]}}"#;
+        let tok = crate::tokenizer::Tokenizer::from_parts(tj.as_bytes(), None, None).unwrap();
+        let ids = [1, 2, 5, 3, 4];
+        assert_eq!(stepwise(&tok, &ids), ["hi", " there", " ", "", "é"]);
+        assert_eq!(tok.decode(&ids, false), tok.hf().decode(&ids, false).unwrap());
+    }
+
+    #[test]
+    fn other_decoders_go_through_decode_stream() {
+        let tj = r###"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,
+            "decoder":{"type":"WordPiece","prefix":"##","cleanup":false},
+            "model":{"type":"WordLevel","vocab":{"hello":0,"##s":1,"world":2,"[UNK]":3},"unk_token":"[UNK]"}}"###;
+        let tok = crate::tokenizer::Tokenizer::from_parts(tj.as_bytes(), None, None).unwrap();
+        assert!(TokenBytes::build(tok.hf()).is_none());
+        assert_eq!(stepwise(&tok, &[0, 1, 2]), ["hello", "s", " world"]);
+    }
 }

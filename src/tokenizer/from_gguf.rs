@@ -67,9 +67,11 @@ fn pre_tokenizer(pre: &str) -> Result<String, String> {
         "qwen2" | "stablelm2" | "deepseek-r1-qwen" => split(
             r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         ),
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "tokenizer.ggml.pre {other:?}: no known pre-tokenizer (a guess would tokenize differently from the engine)"
-        )),
+        ))
+        }
     })
 }
 

@@ -133,3 +133,69 @@ impl Tokenizer {
         &self.hf
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::gguf::{Metadata, Value};
+    use super::*;
+
+    /// A byte-level vocabulary holding "é" only as its two bytes (`Ã` = C3, `©` = A9), plus
+    /// a control token and a merge.
+    fn tiny() -> Tokenizer {
+        let strs = |v: &[&str]| Value::Array(v.iter().map(|s| Value::Str(s.to_string())).collect());
+        let mut kv = std::collections::HashMap::new();
+        kv.insert("tokenizer.ggml.model".into(), Value::Str("gpt2".into()));
+        kv.insert("tokenizer.ggml.pre".into(), Value::Str("gpt-2".into()));
+        kv.insert("tokenizer.ggml.tokens".into(), strs(&["<|end|>", "c", "a", "f", "Ã", "©", "Ġ", "ca"]));
+        kv.insert("tokenizer.ggml.token_type".into(), Value::Array([3, 1, 1, 1, 1, 1, 1, 1].map(Value::Int).to_vec()));
+        kv.insert("tokenizer.ggml.merges".into(), strs(&["c a"]));
+        kv.insert("tokenizer.chat_template".into(), Value::Str("{{ messages[0].content }}{{ eos_token }}".into()));
+        kv.insert("tokenizer.ggml.eos_token_id".into(), Value::Uint(0));
+        let files = from_gguf::convert(&Metadata { version: 3, tensor_count: 0, kv }).unwrap();
+        Tokenizer::from_parts(files.tokenizer_json.as_bytes(), Some(&files.tokenizer_config_json), None).unwrap()
+    }
+
+    #[test]
+    fn encode_into_reuses_the_vec_and_matches_specials() {
+        let tok = tiny();
+        let mut ids = vec![99; 64];
+        tok.encode_into("café<|end|>", false, &mut ids).unwrap();
+        assert_eq!(ids, vec![7, 3, 4, 5, 0]);
+        assert!(ids.capacity() >= 64);
+    }
+
+    #[test]
+    fn a_character_split_across_tokens_waits_for_its_end() {
+        let tok = tiny();
+        let mut d = tok.decoder(false);
+        let mut out = String::new();
+        assert_eq!(d.step(7, &mut out), 2);
+        assert_eq!(d.step(3, &mut out), 1);
+        assert_eq!(d.step(4, &mut out), 0, "half of é is held back");
+        assert_eq!(out, "caf");
+        assert_eq!(d.step(5, &mut out), 2);
+        assert_eq!(d.step(0, &mut out), "<|end|>".len());
+        assert_eq!(out, "café<|end|>");
+        // Skipping specials, and a stream that ends mid-character.
+        let mut d = tok.decoder(true);
+        let mut out = String::new();
+        for id in [6, 0, 4] {
+            d.step(id, &mut out);
+        }
+        assert_eq!(out, " ");
+        d.finish(&mut out);
+        assert_eq!(out, " \u{FFFD}");
+        // Whole-sequence decode agrees with the tokenizers crate.
+        let ids = [7, 3, 4, 5, 6, 0];
+        assert_eq!(tok.decode(&ids, false), tok.hf().decode(&ids, false).unwrap());
+        assert_eq!(tok.decode(&ids, true), tok.hf().decode(&ids, true).unwrap());
+    }
+
+    #[test]
+    fn the_template_sees_the_special_tokens() {
+        let tok = tiny();
+        let msgs: sonic_rs::Value = sonic_rs::from_str(r#"[{"role":"user","content":"hi"}]"#).unwrap();
+        let out = tok.chat_template().unwrap().render(&TemplateInput { messages: Some(&msgs), ..Default::default() });
+        assert_eq!(out.unwrap(), "hi<|end|>");
+    }
+}
