@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use minijinja::value::ValueKind;
 use minijinja::{Environment, Error, ErrorKind, Value};
 
 use super::config::TokenizerConfig;
@@ -53,6 +54,12 @@ impl ChatTemplate {
         env.add_filter("tojson", super::pyjson::tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        // Jinja's own tests where minijinja differs: None is not iterable (templates guard
+        // `tools is iterable and tools | length > 0`), and strings and dicts are sequences.
+        env.add_test("iterable", |v: Value| !v.is_none() && v.try_iter().is_ok());
+        env.add_test("sequence", |v: Value| {
+            v.is_undefined() || matches!(v.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::String)
+        });
         env.add_template_owned(NAME, source.to_string()).map_err(|e| format!("chat template: {e:#}"))?;
         let specials = config.special_tokens().map(|(k, v)| (k, v.to_string())).collect();
         Ok(ChatTemplate { env, specials })
@@ -211,6 +218,14 @@ mod tests {
         let empty = json("[]");
         let err = t.render(&TemplateInput { messages: Some(&empty), ..Default::default() }).unwrap_err();
         assert_eq!(err, "no messages");
+    }
+
+    #[test]
+    fn jinja_tests_follow_python() {
+        let src =
+            "{{ tools is iterable }}{{ x is iterable }}{{ 'ab' is sequence }}{{ {} is sequence }}{{ 1 is sequence }}";
+        let t = ChatTemplate::new(src, &cfg()).unwrap();
+        assert_eq!(t.render(&TemplateInput::default()).unwrap(), "FalseTrueTrueTrueFalse");
     }
 
     #[test]
