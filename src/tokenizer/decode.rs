@@ -30,7 +30,8 @@ pub struct TokenBytes {
     ends: Vec<u32>,
     special: Vec<bool>,
     /// The decoder drops the first leading space of the output (SentencePiece's `Strip`
-    /// or Metaspace's prepend scheme).
+    /// or Metaspace's prepend scheme; Metaspace drops every `▁` of the first token, which for
+    /// real vocabularies is its leading one).
     strip_first_space: bool,
 }
 

@@ -53,7 +53,7 @@ fn pre_tokenizer(pre: &str) -> Result<String, String> {
         )
     };
     Ok(match pre {
-        "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "roberta-bpe" | "default" => GPT2_BYTE_LEVEL.to_string(),
+        "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "roberta-bpe" => GPT2_BYTE_LEVEL.to_string(),
         // `\p{N}` first (every digit its own piece), then GPT-2's: HF's Digits pre-tokenizer
         // with individual digits splits on exactly \p{N} (char::is_numeric).
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" => {
@@ -90,6 +90,7 @@ pub fn convert(meta: &Metadata) -> Result<HfFiles, String> {
     if types.len() != tokens.len() {
         return Err("tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length".into());
     }
+    // No value (or "default") is llama.cpp's four-regex default split, not converted here.
     let pre = pre_tokenizer(meta.str("tokenizer.ggml.pre").unwrap_or("default"))?;
     let token_of = |key: &str| -> Option<&str> {
         let id = meta.u64(key)? as usize;

@@ -41,6 +41,25 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
+    /// What `--tokenizer-path` names: a model directory, a `tokenizer.json` (its siblings
+    /// read as in a directory), or a llama.cpp `.gguf` model.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        if path.is_dir() {
+            return Self::from_dir(path);
+        }
+        let mut magic = [0u8; 4];
+        let is_gguf = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok_and(|_| &magic == b"GGUF");
+        if is_gguf {
+            return Self::from_gguf(path);
+        }
+        match path.parent() {
+            Some(dir) if path.file_name().is_some_and(|n| n == "tokenizer.json") => Self::from_dir(dir),
+            _ => Err(format!("{}: neither a directory, a tokenizer.json nor a GGUF file", path.display())),
+        }
+    }
+
     /// Loads a model directory: `tokenizer.json`, and when present `tokenizer_config.json`
     /// and `chat_template.jinja` (newer transformers save the template there; it wins).
     pub fn from_dir(dir: &Path) -> Result<Self, String> {
@@ -189,6 +208,27 @@ mod tests {
         let ids = [7, 3, 4, 5, 6, 0];
         assert_eq!(tok.decode(&ids, false), tok.hf().decode(&ids, false).unwrap());
         assert_eq!(tok.decode(&ids, true), tok.hf().decode(&ids, true).unwrap());
+    }
+
+    #[test]
+    fn load_takes_a_directory_a_tokenizer_json_or_a_gguf() {
+        let dir = std::env::temp_dir().join(format!("smg-tok-load-{}", std::process::id()));
+        let tok = tiny();
+        let files = super::from_gguf::HfFiles {
+            tokenizer_json: tok.hf().to_string(false).unwrap(),
+            tokenizer_config_json: r#"{"eos_token": "<|end|>", "chat_template": "{{ eos_token }}"}"#.into(),
+        };
+        files.write_to(&dir).unwrap();
+        std::fs::write(dir.join("chat_template.jinja"), "jinja file wins").unwrap();
+        for p in [dir.clone(), dir.join("tokenizer.json")] {
+            let t = Tokenizer::load(&p).unwrap();
+            assert_eq!(t.encode("café", false).unwrap(), vec![7, 3, 4, 5]);
+            assert_eq!(t.chat_template().unwrap().render(&TemplateInput::default()).unwrap(), "jinja file wins");
+        }
+        std::fs::write(dir.join("x.bin"), b"GGUF\x09\0\0\0").unwrap();
+        assert!(Tokenizer::load(&dir.join("x.bin")).unwrap_err().contains("version"));
+        assert!(Tokenizer::load(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
