@@ -267,6 +267,7 @@ fn tokenizer_from_gguf_matches_llama_server() {
     let Some((server, model)) = engine_files() else { return };
     let llama = start_llama(&server, &model);
     let tok = Tokenizer::from_gguf(&model).expect("tokenizer from the GGUF");
+    assert!(tok.has_fast_encode(), "SmolLM2 is GPT-2-style byte-level BPE: the fast encode applies");
 
     // === Encode: ids equal /tokenize's ===
     let corpus = corpus();
@@ -277,8 +278,11 @@ fn tokenizer_from_gguf_matches_llama_server() {
     for text in &corpus {
         let theirs = llama_tokenize(llama.port, text);
         tok.encode_into(text, false, &mut ours).unwrap();
-        if ours != theirs {
-            mismatches.push(format!("{text:?}\n    ours:   {ours:?}\n    llama:  {theirs:?}"));
+        // The `tokenizers` crate's own path on the same tokenizer.json agrees too.
+        let crate_ids = tok.hf().encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
+        if ours != theirs || crate_ids != theirs {
+            mismatches
+                .push(format!("{text:?}\n    ours:   {ours:?}\n    crate:  {crate_ids:?}\n    llama:  {theirs:?}"));
         }
         engine_ids.push(theirs);
     }
@@ -338,4 +342,33 @@ fn tokenizer_from_gguf_matches_llama_server() {
         }
     }
     eprintln!("chat template: {} renders equal", conversations.len() * 2);
+}
+
+/// The fast encode (byte_bpe.rs) against the `tokenizers` crate's path on the same vocabulary,
+/// for thousands of random strings over every character class the split distinguishes.
+/// Needs only the GGUF.
+#[test]
+fn fast_encode_matches_the_tokenizers_crate_on_random_text() {
+    let Some((_, model)) = engine_files() else { return };
+    let tok = Tokenizer::from_gguf(&model).unwrap();
+    assert!(tok.has_fast_encode());
+    let pool: Vec<char> = "aZq09 \t\n\r\u{b}\u{c}'sltdmrev.,!?-_<>|{}()\"éßЖ中日한🤗\u{301}\u{308}\u{200b}\u{a0}\u{85}\u{2028}\u{3000}\u{1680}½١٣"
+        .chars()
+        .collect();
+    let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut ours = Vec::new();
+    for i in 0..3000 {
+        let s: String = (0..1 + i % 40)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                pool[(seed % pool.len() as u64) as usize]
+            })
+            .collect();
+        let s = if i % 7 == 0 { format!("{s}<|im_end|>{s}") } else { s };
+        tok.encode_into(&s, false, &mut ours).unwrap();
+        let theirs = tok.hf().encode_fast(s.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(ours, theirs, "{s:?}");
+    }
 }

@@ -2,11 +2,13 @@
 //! `tokenizer.json` through the `tokenizers` crate, its chat template, and an incremental
 //! detokenizer. Loaded once per model, off the request path, and shared by every shard.
 //!
-//! `config.rs` reads `tokenizer_config.json`; `template.rs` renders the chat template (with
+//! `byte_bpe.rs` is a faster encode for GPT-2-style byte-level BPE; `config.rs` reads
+//! `tokenizer_config.json`; `template.rs` renders the chat template (with
 //! `pyjson.rs`'s `tojson` and `json_value.rs`'s request values); `decode.rs` turns a token
 //! stream back into text; `gguf.rs` reads a GGUF file's metadata and `from_gguf.rs` turns a
 //! llama.cpp model's vocabulary into the two Hugging Face files.
 
+pub mod byte_bpe;
 pub mod config;
 pub mod decode;
 pub mod from_gguf;
@@ -28,6 +30,8 @@ pub struct Tokenizer {
     template: Option<ChatTemplate>,
     /// None when the decoder is not a per-token byte map (then `DecodeStream` decodes).
     table: Option<decode::TokenBytes>,
+    /// The fast encode, when the tokenizer has its shape and agreed on the probe corpus.
+    fast: Option<byte_bpe::ByteBpe>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -36,6 +40,7 @@ impl std::fmt::Debug for Tokenizer {
             .field("vocab", &self.hf.get_vocab_size(true))
             .field("template", &self.template.is_some())
             .field("table", &self.table.is_some())
+            .field("fast", &self.fast.is_some())
             .finish()
     }
 }
@@ -92,7 +97,8 @@ impl Tokenizer {
             None => None,
         };
         let table = decode::TokenBytes::build(&hf);
-        Ok(Tokenizer { hf, config, template, table })
+        let fast = byte_bpe::ByteBpe::build(&hf).filter(|f| agrees_on_probes(&hf, f));
+        Ok(Tokenizer { hf, config, template, table, fast })
     }
 
     /// Appends `text`'s ids to `out` (cleared first, capacity kept). `add_special` adds what
@@ -100,6 +106,11 @@ impl Tokenizer {
     /// text (`<|im_start|>`) are always recognised, as in transformers and llama.cpp.
     pub fn encode_into(&self, text: &str, add_special: bool, out: &mut Vec<u32>) -> Result<(), String> {
         out.clear();
+        // The fast path adds no specials; with `add_special` it serves only tokenizers
+        // whose post-processor adds none (checked once at load).
+        if let Some(f) = self.fast.as_ref().filter(|_| !add_special || !self.adds_specials()) {
+            return f.encode(text, out);
+        }
         // encode_fast: no character offsets (the gateway never maps ids back to spans).
         let enc = self.hf.encode_fast(text, add_special).map_err(|e| format!("tokenize: {e}"))?;
         out.extend_from_slice(enc.get_ids());
@@ -110,6 +121,16 @@ impl Tokenizer {
         let mut v = Vec::new();
         self.encode_into(text, add_special, &mut v)?;
         Ok(v)
+    }
+
+    /// Whether `add_special` changes anything (a BOS/EOS-adding post-processor).
+    fn adds_specials(&self) -> bool {
+        self.hf.get_post_processor().is_some_and(|p| tokenizers::PostProcessor::added_tokens(p, false) > 0)
+    }
+
+    /// Whether encoding takes the byte-level BPE fast path (`byte_bpe.rs`).
+    pub fn has_fast_encode(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// A detokenizer for one generated sequence.
@@ -151,6 +172,31 @@ impl Tokenizer {
     pub fn hf(&self) -> &tokenizers::Tokenizer {
         &self.hf
     }
+}
+
+/// Strings that exercise every branch of the GPT-2 split (contractions, letters, numbers,
+/// punctuation, whitespace runs before words and at the end, digits, non-ASCII, markup).
+const PROBES: &[&str] = &[
+    "Hello, world! I'm here; they've 'll 'd 're 's 't 'm",
+    "  two spaces\n\n\tand tabs\t\t  \n",
+    "trailing   ",
+    "   ",
+    "x\u{a0}\u{a0}y \u{3000}\u{3000}z\u{2028}",
+    "123 4567.89 1,000 \u{663}\u{664} \u{bd}",
+    "caf\u{e9} na\u{ef}ve e\u{301} \u{4f60}\u{597d} \u{1f917}\u{1f980}",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|><s></s>[INST]",
+    "fn main() {\n    println!(\"{}\", a->b);\n}",
+    "!!! ??? ... --- $$$ \u{201c}q\u{201d}",
+];
+
+/// The fast path is used only when it gives the crate's ids on every probe.
+fn agrees_on_probes(hf: &tokenizers::Tokenizer, fast: &byte_bpe::ByteBpe) -> bool {
+    let mut ours = Vec::new();
+    PROBES.iter().all(|p| {
+        ours.clear();
+        let theirs = hf.encode_fast(*p, false).map(|e| e.get_ids().to_vec());
+        fast.encode(p, &mut ours).is_ok() && theirs.is_ok_and(|t| t == ours)
+    })
 }
 
 #[cfg(test)]
