@@ -10,6 +10,7 @@
 //! fallback. Anything else keeps the crate's path, and `Tokenizer` also checks both paths
 //! agree on a probe corpus at load before it uses this one.
 
+use ahash::AHashMap;
 use aho_corasick::{AhoCorasick, MatchKind};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 use tokenizers::models::bpe::BPE;
@@ -21,6 +22,11 @@ const GPT2_NO_LOOKAHEAD: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^
 
 pub struct ByteBpe {
     bpe: BPE,
+    /// Pieces that are one vocabulary token, by their raw bytes: most words of a prompt
+    /// (`Ġthe`) end here with one hash lookup, no byte mapping and no merge loop. Only
+    /// tokens the merges themselves produce whole are here (checked at build), so the
+    /// shortcut never disagrees with BPE.
+    whole: AHashMap<Box<[u8]>, u32>,
     added: Option<(AhoCorasick, Vec<u32>)>,
     digits_first: bool,
     re: regex::Regex,
@@ -82,13 +88,24 @@ impl ByteBpe {
                 .ok()?;
             Some((ac, added.iter().map(|(id, _)| *id).collect()))
         };
-        Some(ByteBpe {
-            bpe: bpe.clone(),
-            added,
-            digits_first,
-            re: regex::Regex::new(GPT2_NO_LOOKAHEAD).ok()?,
-            byte_char: byte_chars(),
-        })
+        let byte_char = byte_chars();
+        let mut char_byte = AHashMap::with_capacity(256);
+        for (b, c) in byte_char.iter().enumerate() {
+            char_byte.insert(*c, b as u8);
+        }
+        let vocab = bpe.get_vocab();
+        let mut whole = AHashMap::with_capacity(vocab.len());
+        for (tok, id) in vocab {
+            let raw: Option<Vec<u8>> = tok.chars().map(|c| char_byte.get(&c).copied()).collect();
+            let Some(raw) = raw else { continue };
+            if bpe.tokenize(&tok).is_ok_and(|t| t.len() == 1 && t[0].id == id) {
+                whole.insert(raw.into_boxed_slice(), id);
+            }
+        }
+        // The checks above filled the BPE's word cache with words the shortcut now answers.
+        bpe.clear_cache();
+        let re = regex::Regex::new(GPT2_NO_LOOKAHEAD).ok()?;
+        Some(ByteBpe { bpe: bpe.clone(), whole, added, digits_first, re, byte_char })
     }
 
     /// Appends `text`'s ids to `out`.
@@ -146,6 +163,10 @@ impl ByteBpe {
     }
 
     fn bpe_piece(&self, s: &str, piece: &mut String, out: &mut Vec<u32>) -> Result<(), String> {
+        if let Some(&id) = self.whole.get(s.as_bytes()) {
+            out.push(id);
+            return Ok(());
+        }
         piece.clear();
         for &b in s.as_bytes() {
             piece.push(self.byte_char[b as usize]);
