@@ -221,6 +221,12 @@ mod tests {
     }
 
     #[test]
+    fn one_tokenizer_is_shared_by_every_shard() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Tokenizer>();
+    }
+
+    #[test]
     fn encode_into_reuses_the_vec_and_matches_specials() {
         let tok = tiny();
         let mut ids = vec![99; 64];
