@@ -361,6 +361,11 @@ impl Shard {
         self.router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
     }
 
+    /// Requests this shard counts against `worker` now.
+    pub fn load_of(&self, worker: WorkerId) -> usize {
+        self.loads.borrow().total.get(worker.index()).copied().unwrap_or(0)
+    }
+
     /// Counts a request against `worker` until the guard drops.
     pub fn hold_load(self: &Rc<Self>, worker: WorkerId) -> LoadGuard {
         self.loads.borrow_mut().add(worker, 1);
