@@ -265,3 +265,21 @@ fn rest_routes_reach_a_realtime_worker_byte_for_byte() {
         assert_eq!((r.status, r.header("x-smg-error-code")), (400, Some("invalid_content_type")));
     });
 }
+
+#[test]
+fn a_side_that_goes_closes_the_other() {
+    both_drivers(|legacy| {
+        let w = world(legacy, &[]);
+        // The client hangs up mid-session: its worker session ends, and another one opens.
+        let mut a = open(w.gw.port, RT);
+        session_id(&mut a);
+        a.send(OP_TEXT, b"x");
+        assert_eq!(a.recv().text(), "x");
+        drop(a);
+        let mut b = open(w.gw.port, RT);
+        session_id(&mut b);
+        // The worker dies: the client's connection is closed.
+        w.rt.die();
+        assert!(b.closed(), "the client is closed when its worker goes");
+    });
+}
