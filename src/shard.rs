@@ -159,6 +159,9 @@ pub struct Peers {
     pub budget_owner: Option<flume::Sender<crate::budget::owner::BudgetMsg>>,
 }
 
+/// How often a long-lived session looks for the drain.
+pub const DRAIN_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+
 // === impl Shard ===
 
 impl Shard {
@@ -455,6 +458,16 @@ impl Shard {
         let c = std::mem::take(&mut *self.accept_cancel.borrow_mut());
         drop(c.cancel());
         self.wake_accept();
+    }
+
+    /// Resolves within [`DRAIN_LOOK`] of the shard's drain: a session that may outlive any
+    /// request (a WebSocket) ends itself then, instead of holding the drain to its grace
+    /// period. A timer per session, not a list of wakers: nothing to register or clean up,
+    /// and a pending timer costs its session nothing per message.
+    pub async fn drained(&self) {
+        while !self.draining.get() {
+            crate::io::sleep(DRAIN_LOOK).await;
+        }
     }
 
     /// What the accept loop passes to `cancelable_accept`.

@@ -283,3 +283,18 @@ fn a_side_that_goes_closes_the_other() {
         assert!(b.closed(), "the client is closed when its worker goes");
     });
 }
+
+#[test]
+fn a_draining_gateway_closes_sessions_with_1001() {
+    both_drivers(|legacy| {
+        let w = world(legacy, &["--shutdown-grace-period-secs", "60"]);
+        let mut ws = open(w.gw.port, RT);
+        session_id(&mut ws);
+        let started = std::time::Instant::now();
+        w.gw.signal(libc::SIGTERM);
+        let f = ws.recv();
+        assert_eq!(f.close_code(), Some(1001), "going away");
+        assert!(ws.closed());
+        assert!(started.elapsed() < Duration::from_secs(10), "not held to the grace period");
+    });
+}

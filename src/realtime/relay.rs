@@ -12,6 +12,8 @@
 //! - A side broke the rules (a message over `--max-payload-size`, or broken framing):
 //!   both sides get a close frame with the code (1009 or 1002) where their stream is
 //!   at a frame boundary, then both close.
+//! - The gateway drains (SIGTERM, or a handover to a successor): likewise with 1001, so
+//!   clients reconnect at once instead of holding the old process to its grace period.
 //!
 //! Writes are never cancelled (a cancelled write could leave half a frame on the wire);
 //! only a pump's wait for its next read is, when the other pump ended.
@@ -182,24 +184,46 @@ pub struct Ended {
     pub sent_close: Option<u16>,
 }
 
-/// Relays until the session ends; `mask` masks the close frame the gateway may send the
-/// worker (a client's frames are masked).
-pub async fn run(s: Sides<'_>, up: &mut Direction, down: &mut Direction, mask: [u8; 4]) -> Ended {
-    let (stop_up, stop_down) = (Stop::default(), Stop::default());
-    let grace = |e: End| if e == End::Closed { Instant::now() + CLOSE_WAIT } else { Instant::now() };
-    let client_side = async {
-        let e = pump(s.client_read, s.worker_write, up, &stop_up).await;
-        stop_down.fire_at(grace(e));
-        e
+/// Close code for a session the gateway ends because it is shutting down ("going away").
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// Relays until the session ends, or `drain` resolves (the gateway shuts down: both sides
+/// get close 1001 once at a frame boundary); `mask` masks the close frame the gateway may
+/// send the worker (a client's frames are masked).
+pub async fn run(
+    s: Sides<'_>,
+    up: &mut Direction,
+    down: &mut Direction,
+    mask: [u8; 4],
+    drain: impl std::future::Future<Output = ()>,
+) -> Ended {
+    let (client, worker, draining) = {
+        let (stop_up, stop_down) = (Stop::default(), Stop::default());
+        let grace = |e: End| if e == End::Closed { Instant::now() + CLOSE_WAIT } else { Instant::now() };
+        let client_side = async {
+            let e = pump(s.client_read, s.worker_write, up, &stop_up).await;
+            stop_down.fire_at(grace(e));
+            e
+        };
+        let worker_side = async {
+            let e = pump(s.worker_read, s.client_write, down, &stop_down).await;
+            stop_up.fire_at(grace(e));
+            e
+        };
+        let mut pumps = std::pin::pin!(async { monoio::join!(client_side, worker_side) });
+        monoio::select! {
+            (c, w) = &mut pumps => (c, w, false),
+            _ = drain => {
+                stop_up.fire_at(Instant::now());
+                stop_down.fire_at(Instant::now());
+                let (c, w) = pumps.await;
+                (c, w, true)
+            }
+        }
     };
-    let worker_side = async {
-        let e = pump(s.worker_read, s.client_write, down, &stop_down).await;
-        stop_up.fire_at(grace(e));
-        e
-    };
-    let (client, worker) = monoio::join!(client_side, worker_side);
     let code = match (client, worker) {
         (End::Violation(c), _) | (_, End::Violation(c)) => Some(c),
+        _ if draining => Some(CLOSE_GOING_AWAY),
         _ => None,
     };
     if let Some(c) = code {

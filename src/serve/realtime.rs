@@ -99,7 +99,7 @@ pub async fn session(shard: &Rc<Shard>, client: &mut Client, head: &RequestHead,
             worker_write: &mut conn.stream,
         };
         let mask = (shard.next_random() as u32).to_ne_bytes();
-        relay::run(sides, &mut up, &mut down, mask).await
+        relay::run(sides, &mut up, &mut down, mask, shard.drained()).await
     };
     shutdown_write(&mut conn.stream).await;
     ctx.bytes_in = up.bytes;
