@@ -19,6 +19,7 @@ pub mod demo;
 pub mod http;
 pub mod io;
 pub mod metrics;
+pub mod realtime;
 pub mod retry;
 pub mod routing;
 pub mod runtime;

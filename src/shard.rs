@@ -159,6 +159,9 @@ pub struct Peers {
     pub budget_owner: Option<flume::Sender<crate::budget::owner::BudgetMsg>>,
 }
 
+/// How often a long-lived session looks for the drain.
+pub const DRAIN_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+
 // === impl Shard ===
 
 impl Shard {
@@ -361,6 +364,11 @@ impl Shard {
         self.router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
     }
 
+    /// Requests this shard counts against `worker` now.
+    pub fn load_of(&self, worker: WorkerId) -> usize {
+        self.loads.borrow().total.get(worker.index()).copied().unwrap_or(0)
+    }
+
     /// Counts a request against `worker` until the guard drops.
     pub fn hold_load(self: &Rc<Self>, worker: WorkerId) -> LoadGuard {
         self.loads.borrow_mut().add(worker, 1);
@@ -450,6 +458,16 @@ impl Shard {
         let c = std::mem::take(&mut *self.accept_cancel.borrow_mut());
         drop(c.cancel());
         self.wake_accept();
+    }
+
+    /// Resolves within [`DRAIN_LOOK`] of the shard's drain: a session that may outlive any
+    /// request (a WebSocket) ends itself then, instead of holding the drain to its grace
+    /// period. A timer per session, not a list of wakers: nothing to register or clean up,
+    /// and a pending timer costs its session nothing per message.
+    pub async fn drained(&self) {
+        while !self.draining.get() {
+            crate::io::sleep(DRAIN_LOOK).await;
+        }
     }
 
     /// What the accept loop passes to `cancelable_accept`.

@@ -5,6 +5,7 @@
 pub mod decisions;
 pub mod error;
 pub mod local;
+pub mod realtime;
 pub mod transcriptions;
 
 pub use error::ApiError;
@@ -28,6 +29,8 @@ pub struct EndpointSpec {
     /// A large body may stream to the worker unparsed (SMG's list of such routes; see
     /// `serve::stream_body`).
     pub body_streams: bool,
+    /// A Realtime API route: served only by workers labeled `realtime: "true"`.
+    pub realtime: bool,
 }
 
 const fn spec(
@@ -44,6 +47,13 @@ const fn spec(
         b"/v1/responses" => "responses",
         b"/v1/messages" => "messages",
         b"/v1/decisions" => "decisions",
+        // SMG's realtime labels; the calls route is `realtime` over `webrtc` in the
+        // exposition (metrics::exposition::series).
+        b"/v1/realtime" => "realtime",
+        b"/v1/realtime/calls" => "realtime_calls",
+        b"/v1/realtime/sessions" => "realtime_sessions",
+        b"/v1/realtime/client_secrets" => "realtime_client_secrets",
+        b"/v1/realtime/transcription_sessions" => "realtime_transcription",
         _ => "other",
     };
     let body_streams = matches!(
@@ -55,11 +65,19 @@ const fn spec(
             | b"/v1/embeddings"
             | b"/v1/classify"
     );
-    EndpointSpec { path, metric, id_prefix, schema, text, body_streams }
+    let realtime = matches!(
+        path.as_bytes(),
+        b"/v1/realtime"
+            | b"/v1/realtime/calls"
+            | b"/v1/realtime/sessions"
+            | b"/v1/realtime/client_secrets"
+            | b"/v1/realtime/transcription_sessions"
+    );
+    EndpointSpec { path, metric, id_prefix, schema, text, body_streams, realtime }
 }
 
 /// Every inference endpoint forwarded to workers.
-pub static ENDPOINTS: [EndpointSpec; 13] = [
+pub static ENDPOINTS: [EndpointSpec; 17] = [
     spec("/v1/chat/completions", "chatcmpl-", Some(contract::Endpoint::ChatCompletions), Some(TextSource::Chat)),
     spec("/v1/completions", "cmpl-", Some(contract::Endpoint::Completions), Some(TextSource::Completion)),
     spec("/generate", "gnt-", None, Some(TextSource::Generate)),
@@ -74,7 +92,15 @@ pub static ENDPOINTS: [EndpointSpec; 13] = [
     // A multipart form, checked by `transcriptions` and forwarded with its own Content-Type.
     spec(transcriptions::PATH, "trsc-", None, None),
     spec("/v1/decisions", "dec-", Some(contract::Endpoint::Decisions), None),
+    // Realtime REST: forwarded as received to a realtime worker (model: see serve::inspect).
+    spec(realtime::CALLS, "rtc-", None, None),
+    spec("/v1/realtime/sessions", "sess_", None, None),
+    spec("/v1/realtime/client_secrets", "cs_", None, None),
+    spec("/v1/realtime/transcription_sessions", "sess_", None, None),
 ];
+
+/// `GET /v1/realtime`, the WebSocket session: not in [`ENDPOINTS`] (those are POSTs).
+pub static REALTIME: EndpointSpec = spec("/v1/realtime", "rt-", None, None);
 
 /// Answers the gateway gives itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +114,8 @@ pub enum Local {
 pub enum Action {
     Local(Local),
     Proxy(&'static EndpointSpec),
+    /// `GET /v1/realtime`: a WebSocket session relayed to a realtime worker.
+    Realtime(&'static EndpointSpec),
     /// Answered by the worker control thread: the `/workers` API, fan-outs, and the
     /// pass-through worker-info routes.
     Control,
@@ -145,7 +173,7 @@ impl Route {
     /// Prefix of a request id the gateway generates for this route.
     pub fn id_prefix(&self) -> &'static str {
         match self.action {
-            Action::Proxy(spec) => spec.id_prefix,
+            Action::Proxy(spec) | Action::Realtime(spec) => spec.id_prefix,
             _ => "req-",
         }
     }
@@ -176,6 +204,10 @@ pub fn classify(method: Method, path: &[u8]) -> Route {
         let action = if method == Method::Get { Action::Control } else { Action::MethodNotAllowed };
         return Route { action, path: info, admin: false };
     }
+    if path == REALTIME.path.as_bytes() {
+        let action = if method == Method::Get { Action::Realtime(&REALTIME) } else { Action::MethodNotAllowed };
+        return Route { action, path: REALTIME.path, admin: false };
+    }
     let (action, label) = match target(path) {
         None => (Action::NotFound, "other"),
         Some(Target::Local(l, p)) if matches!(method, Method::Get | Method::Head) => (Action::Local(l), p),
@@ -205,6 +237,10 @@ mod tests {
         assert_eq!(classify(Method::Post, b"/v1/models").action, Action::MethodNotAllowed);
         assert_eq!(classify(Method::Get, b"/v1/chat/completions").action, Action::MethodNotAllowed);
         assert_eq!(classify(Method::Get, b"/nope").action, Action::NotFound);
+        assert_eq!(classify(Method::Get, b"/v1/realtime").action, Action::Realtime(&REALTIME));
+        assert_eq!(classify(Method::Post, b"/v1/realtime").action, Action::MethodNotAllowed);
+        assert_eq!(proxy("/v1/realtime/calls"), Some(realtime::CALLS));
+        assert!(ENDPOINTS.iter().filter(|e| e.realtime).count() == 4 && REALTIME.realtime);
         assert!(!classify(Method::Get, b"/health").needs_body());
         assert_eq!(classify(Method::Post, b"/v1/messages").id_prefix(), "msg_");
         assert_eq!(classify(Method::Get, b"/health").id_prefix(), "req-");

@@ -123,7 +123,18 @@ fn family_values(
     let _ = writeln!(out, "{name}{{tree=\"tokens\"}} {tokens}");
 }
 
-const ROUTER: [(&str, &str); 3] = [("router_type", "http"), ("backend_type", "regular"), ("connection_mode", "http")];
+const ROUTER: [(&str, &str); 2] = [("router_type", "http"), ("backend_type", "regular")];
+
+/// The router labels of an endpoint's series: SMG's `connection_mode` (`websocket` for a
+/// realtime session, `webrtc` for the realtime calls route, else `http`) and its `endpoint`.
+fn series(ep: &str) -> [(&'static str, &str); 4] {
+    let (mode, ep) = match ep {
+        "realtime" => ("websocket", ep),
+        "realtime_calls" => ("webrtc", "realtime"),
+        _ => ("http", ep),
+    };
+    [ROUTER[0], ROUTER[1], ("connection_mode", mode), ("endpoint", ep)]
+}
 
 /// Renders everything.
 pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> String {
@@ -172,8 +183,8 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
     for (model, ep, s) in &router {
         for (i, streaming) in ["false", "true"].iter().enumerate() {
             if s.requests[i] > 0 {
-                let mut p = ROUTER.to_vec();
-                p.extend([("model", *model), ("endpoint", *ep), ("streaming", *streaming)]);
+                let [r, b, mode, e] = series(ep);
+                let p = [r, b, mode, ("model", *model), e, ("streaming", *streaming)];
                 let _ = writeln!(out, "smg_router_requests_total{} {}", labels(&p), s.requests[i]);
             }
         }
@@ -185,8 +196,8 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         "Router request duration by router_type, backend_type, connection_mode, model, endpoint",
     );
     for (model, ep, s) in &router {
-        let mut p = ROUTER.to_vec();
-        p.extend([("model", *model), ("endpoint", *ep)]);
+        let [r, b, mode, e] = series(ep);
+        let p = [r, b, mode, ("model", *model), e];
         histogram(&mut out, "smg_router_request_duration_seconds", &p, bounds, &s.duration);
     }
     family(
@@ -196,7 +207,7 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         "Time to first token by router_type, backend_type, model, endpoint",
     );
     for (model, ep, s) in &router {
-        let p = [ROUTER[0], ROUTER[1], ("model", model), ("endpoint", ep)];
+        let p = [ROUTER[0], ROUTER[1], ("model", model), series(ep)[3]];
         histogram(&mut out, "smg_router_ttft_seconds", &p, bounds, &s.ttft);
     }
     family(
@@ -209,8 +220,8 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         let mut errs: Vec<_> = s.errors.iter().collect();
         errs.sort();
         for (t, n) in errs {
-            let mut p = ROUTER.to_vec();
-            p.extend([("model", *model), ("endpoint", *ep), ("error_type", *t)]);
+            let [r, b, mode, e] = series(ep);
+            let p = [r, b, mode, ("model", *model), e, ("error_type", *t)];
             let _ = writeln!(out, "smg_router_request_errors_total{} {n}", labels(&p));
         }
     }

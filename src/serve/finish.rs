@@ -43,6 +43,9 @@ pub enum Outcome {
     Relayed { end: RelayEnd, stats: RelayStats },
     /// Nobody to answer: the client left or its socket failed.
     ClientGone,
+    /// The connection was upgraded (a WebSocket session) and its session is over: the
+    /// connection closes.
+    Upgraded,
 }
 
 /// Whether the connection goes on after this request.
@@ -97,7 +100,7 @@ pub async fn finish(
             }
             !announce_close(&ctx, head) && matches!(end, RelayEnd::Done { .. }) && !stats.close_delimited
         }
-        Outcome::ClientGone => false,
+        Outcome::ClientGone | Outcome::Upgraded => false,
     };
     if keep && ctx.body_unread {
         keep = drain_body(shard, client, head).await;
@@ -190,7 +193,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
     let first_byte = ctx.timings.first_byte.map(|t| t.saturating_duration_since(started));
     let model = ctx.chosen.as_ref().and_then(|c| c.worker().model.as_deref());
     let endpoint = match ctx.route.map(|r| r.action) {
-        Some(Action::Proxy(spec)) => Some(spec.metric),
+        Some(Action::Proxy(spec) | Action::Realtime(spec)) => Some(spec.metric),
         _ => None,
     };
     let retries = ctx.attempts.saturating_sub(1);

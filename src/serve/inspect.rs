@@ -1,12 +1,13 @@
 //! Phase: inspect. Validates the body against the endpoint's schema where the contract
 //! models one (and plans its splices on the original bytes); elsewhere reads only `model`,
-//! from the JSON body or, for transcriptions, from the multipart form.
+//! from the JSON body (`session.model` for realtime client secrets) or, for transcriptions
+//! and realtime calls, from the multipart form (or a calls offer's query).
 
 use sonic_rs::JsonValueTrait;
 
 use super::ctx::RequestCtx;
 use super::error::Failure;
-use crate::api::{transcriptions, EndpointSpec};
+use crate::api::{realtime, transcriptions, EndpointSpec};
 use crate::contract;
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -27,7 +28,16 @@ pub fn inspect(
         if spec.path == transcriptions::PATH {
             return transcription(shard, head, buf, body, ctx);
         }
-        let (model, alias) = lazy_model(received, &shard.cfg().aliases);
+        if spec.path == realtime::CALLS {
+            let query_model = crate::realtime::query::param(&buf[head.target.clone()], b"model");
+            let model = realtime::calls_model(head.header(buf, "content-type"), received, query_model.as_deref())
+                .map_err(Failure::Rejected)?;
+            let aliases = &shard.cfg().aliases;
+            let canonical = (!aliases.is_empty()).then(|| aliases.resolve(&model)).flatten();
+            ctx.model = Some(canonical.map_or(model, str::to_owned));
+            return Ok(body);
+        }
+        let (model, alias) = lazy_model(received, realtime::model_path(spec.path), &shard.cfg().aliases);
         ctx.model = model;
         // An alias is spliced over the `model` string, as the modeled endpoints do.
         return Ok(match alias {
@@ -82,8 +92,8 @@ fn transcription(
 /// ~0.2 µs when it comes early in the body), resolved through `--model-alias`; an alias
 /// comes back with the splice that puts the canonical id in its place. The relay needs no
 /// `stream` flag because it forwards whatever framing the worker answers with.
-fn lazy_model(body: &[u8], aliases: &contract::Aliases) -> (Option<String>, Option<contract::Splice>) {
-    let Ok(v) = sonic_rs::get(body, &["model"]) else { return (None, None) };
+fn lazy_model(body: &[u8], at: &[&str], aliases: &contract::Aliases) -> (Option<String>, Option<contract::Splice>) {
+    let Ok(v) = sonic_rs::get(body, at) else { return (None, None) };
     let Some(name) = v.as_str() else { return (None, None) };
     let Some(canonical) = (!aliases.is_empty()).then(|| aliases.resolve(name)).flatten() else {
         return (Some(name.to_owned()), None);

@@ -34,6 +34,7 @@ mod finish;
 mod inspect;
 mod isolate;
 mod pick;
+mod realtime;
 mod reserve;
 mod stream_body;
 mod upstream;
@@ -120,6 +121,11 @@ async fn request(
     }
     let spec = match route.action {
         Action::Proxy(spec) => spec,
+        // A WebSocket session holds its admission for as long as it lives.
+        Action::Realtime(_) => match admit(shard, client, head, ctx).await {
+            Ok(()) => return realtime::session(shard, client, head, ctx).await,
+            Err(o) => return o,
+        },
         Action::Local(l) => return Outcome::Local(l),
         Action::Control => return control::ask(shard, client, head, ctx).await,
         Action::AdminNotImplemented => return reject(ApiError::admin_not_implemented(&path(client, head))),
@@ -177,7 +183,7 @@ fn authorize(
             v => Err(deny(v)),
         };
     }
-    if let Action::Proxy(_) = route.action {
+    if let Action::Proxy(_) | Action::Realtime(_) = route.action {
         let presented = if auth.serving_enabled() { authorization() } else { None };
         let tenant = match auth.check_serving(presented).map_err(deny)? {
             Some(key) => Tenant::Key(key),

@@ -37,6 +37,9 @@ pub fn pick_worker(
     if ctx.chosen.is_some() {
         return Ok(());
     }
+    if spec.realtime {
+        return pick_realtime(shard, head, buf, ctx, avoid);
+    }
     let snap = shard.snapshot();
     let model = ctx.model.as_deref();
     let decisions = spec.schema == Some(contract::Endpoint::Decisions);
@@ -121,4 +124,51 @@ pub fn pick_worker(
         }
         Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(model).into()),
     }
+}
+
+/// A worker that advertises the Realtime API (SMG's `realtime: "true"` label).
+fn realtime_capable(w: &Worker) -> bool {
+    w.meta.labels.iter().any(|(k, v)| k == "realtime" && v == "true")
+}
+
+/// Phase: pick, for the realtime routes, as SMG picks for them whatever the routing policy:
+/// the least loaded healthy worker labeled `realtime: "true"` that serves the model (a
+/// session is long: its load says more than any policy's key). No such worker at all: 404
+/// `model_not_found`; only unhealthy ones: 503 `no_available_workers`. A request with no
+/// `Authorization` for a worker with no key of its own is a 401 (SMG forwards one always).
+pub fn pick_realtime(
+    shard: &Rc<Shard>,
+    head: &RequestHead,
+    buf: &[u8],
+    ctx: &mut RequestCtx,
+    avoid: &[WorkerId],
+) -> Result<(), Failure> {
+    let snap = shard.snapshot();
+    let model = ctx.model.as_deref().unwrap_or("");
+    let mut any = false;
+    let mut best: Option<(usize, (bool, usize))> = None;
+    for (pos, w) in snap.workers.iter().enumerate() {
+        if w.model.as_deref() != Some(model) || !realtime_capable(w) {
+            continue;
+        }
+        any = true;
+        if !w.healthy {
+            continue;
+        }
+        let key = (avoid.contains(&w.id), shard.load_of(w.id));
+        if best.is_none_or(|(_, b)| key < b) {
+            best = Some((pos, key));
+        }
+    }
+    if !any {
+        return Err(ApiError::model_not_found(model).into());
+    }
+    let Some((pos, _)) = best else { return Err(ApiError::no_available_workers(Some(model)).into()) };
+    if head.header(buf, "authorization").is_none() && snap.workers[pos].meta.api_key.is_none() {
+        return Err(Failure::Unauthorized);
+    }
+    let load = shard.hold_load(snap.workers[pos].id);
+    ctx.timings.upstream_started = Some(Instant::now());
+    ctx.chosen = Some(Chosen { snapshot: snap.clone(), pos, _load: load });
+    Ok(())
 }

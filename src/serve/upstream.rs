@@ -12,7 +12,7 @@ use super::client::Client;
 use super::ctx::RequestCtx;
 use super::error::{Failure, InternalError, WorkerCause, WorkerError};
 use super::finish::{announce_close, Outcome};
-use crate::api::{transcriptions, EndpointSpec};
+use crate::api::{realtime, transcriptions, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
 use crate::http::pool::{self, UpstreamConn};
@@ -104,9 +104,10 @@ pub fn upstream_head(
 }
 
 /// Where the client's Content-Type value is in the connection buffer, for the endpoints that
-/// forward it (transcriptions: a form and its boundary); None for the JSON ones.
+/// forward it (transcriptions: a form and its boundary; realtime calls: SDP or a form);
+/// None for the JSON ones.
 pub fn client_content_type(spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Option<Range<usize>> {
-    if spec.path != transcriptions::PATH {
+    if spec.path != transcriptions::PATH && spec.path != realtime::CALLS {
         return None;
     }
     let h = head.headers.iter().find(|h| buf[h.name.clone()].eq_ignore_ascii_case(b"content-type"))?;

@@ -5,6 +5,7 @@ pub mod admit;
 pub mod redis_server;
 pub mod rogue;
 pub mod sim;
+pub mod ws;
 
 use std::cell::Cell;
 use std::io::{Read, Write};

@@ -1,10 +1,11 @@
 //! Wire encodings shared by the gateway (`smg`) and the tools in `loadtest/`, so both sides of
 //! every benchmark speak from one implementation: the chunked transfer coding and the header
-//! values httparse leaves to us, and JSON string literals.
+//! values httparse leaves to us, and JSON string literals, and WebSocket frames and handshakes.
 
 pub mod chunked;
 pub mod header;
 pub mod json;
 pub mod num;
+pub mod ws;
 
 pub use chunked::{ChunkError, ChunkedDecoder};

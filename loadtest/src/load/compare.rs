@@ -63,7 +63,7 @@ pub struct SutArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct CompareArgs {
-    /// Scenario file or name.
+    /// Scenario file or name; `ws-1k` is the WebSocket relay (see load/ws_compare.rs).
     #[arg(long, default_value = "chat-1k")]
     pub scenario: String,
     /// Targets: direct, smg, smg-base, nginx, smg-python. Each round runs them all, starting
@@ -133,8 +133,8 @@ pub(crate) struct Target {
 
 /// A started child process, stopped (SIGTERM, then SIGKILL) when dropped.
 pub(crate) struct Proc {
-    child: Child,
-    _dir: Option<TempDir>,
+    pub(crate) child: Child,
+    pub(crate) _dir: Option<TempDir>,
 }
 
 // === impl Proc ===
@@ -169,10 +169,10 @@ impl Drop for Proc {
 }
 
 /// A scratch directory removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new(tag: &str) -> std::io::Result<Self> {
+    pub(crate) fn new(tag: &str) -> std::io::Result<Self> {
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let p = std::env::temp_dir().join(format!("smg-compare-{tag}-{}-{nanos}", std::process::id()));
@@ -205,7 +205,7 @@ fn is_python_script(p: &Path) -> bool {
 }
 
 /// Prefix with `taskset -c CORE` when taskset exists, so the child starts pinned.
-fn pinned(core: usize, program: &Path) -> Command {
+pub(crate) fn pinned(core: usize, program: &Path) -> Command {
     match on_path("taskset") {
         Some(ts) => {
             let mut c = Command::new(ts);
@@ -363,7 +363,7 @@ pub(crate) fn start_target(
     Ok((Some(Proc { child, _dir: dir }), port))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -416,6 +416,9 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
 }
 
 pub fn run(args: &CompareArgs) -> Result<(), String> {
+    if args.scenario == crate::load::ws_compare::SCENARIO {
+        return crate::load::ws_compare::run(args);
+    }
     let scenario = Scenario::load(&args.scenario)?;
     let mut notes = Vec::new();
     let targets = find_targets(args, &mut notes)?;

@@ -19,3 +19,5 @@ pub mod sse;
 pub mod svg;
 pub mod sweep;
 pub mod trace;
+pub mod ws;
+pub mod ws_compare;

@@ -11,6 +11,7 @@ use monoio::io::AsyncReadRent;
 use monoio::net::TcpStream;
 
 use crate::sim::engine::{self, write_out, Scratch};
+use crate::sim::realtime;
 use crate::sim::render::{put_error_body, put_response};
 use crate::sim::routes::{self, Action, Route};
 use crate::sim::worker::Worker;
@@ -32,6 +33,16 @@ struct Head {
     body: BodyKind,
     head_len: usize,
     expect_continue: bool,
+    is_get: bool,
+    /// Where `Sec-WebSocket-Key` and `Content-Type` are in the read buffer, when sent.
+    ws_key: Option<std::ops::Range<usize>>,
+    content_type: Option<std::ops::Range<usize>>,
+}
+
+/// Where `part` (a slice of `buf`) sits in it.
+fn range_in(buf: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
 }
 
 /// Why a head was refused; each maps to one status.
@@ -56,6 +67,8 @@ fn parse_head(buf: &[u8], w: &Worker) -> Result<Option<Head>, HeadError> {
     let mut keep_alive = http11;
     let mut body = BodyKind::Empty;
     let mut expect_continue = false;
+    let mut ws_key = None;
+    let mut content_type = None;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
@@ -77,6 +90,10 @@ fn parse_head(buf: &[u8], w: &Worker) -> Result<Option<Head>, HeadError> {
             }
         } else if name.eq_ignore_ascii_case(b"expect") {
             expect_continue = wire::has_token(h.value, b"100-continue");
+        } else if name.eq_ignore_ascii_case(b"sec-websocket-key") {
+            ws_key = Some(range_in(buf, h.value.trim_ascii()));
+        } else if name.eq_ignore_ascii_case(b"content-type") {
+            content_type = Some(range_in(buf, h.value));
         }
     }
     let path = req.path.unwrap_or("/");
@@ -88,6 +105,9 @@ fn parse_head(buf: &[u8], w: &Worker) -> Result<Option<Head>, HeadError> {
         body,
         head_len,
         expect_continue,
+        is_get: req.method == Some("GET"),
+        ws_key,
+        content_type,
     }))
 }
 
@@ -134,6 +154,14 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
                 Ok(_) => {}
             }
         };
+
+        // A WebSocket session takes the connection over.
+        if let (Route::Realtime, true, Some(key)) = (head.route, head.is_get, head.ws_key.clone()) {
+            let key = rbuf[key].to_vec();
+            rbuf.drain(..head.head_len);
+            let _ = realtime::session(&w, &mut stream, &key, rbuf).await;
+            return;
+        }
 
         // 2. Body.
         let head_len = head.head_len;
@@ -209,7 +237,15 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
         let keep_alive = head.keep_alive && !w.faults.get().close_after_response;
         let action = {
             let req_body: &[u8] = if from_rbuf { &rbuf[head_len..consumed] } else { &body };
-            routes::dispatch(&w, head.route, head.is_post, req_body, keep_alive, &mut s.out)
+            match head.route {
+                Route::RealtimeRest(path) if head.is_post => {
+                    let ct = head.content_type.clone().map_or(&b""[..], |r| &rbuf[r]);
+                    let ct = std::str::from_utf8(ct).unwrap_or("");
+                    realtime::rest_reply(&w, path, ct, req_body, keep_alive, &mut s.out);
+                    Action::Reply { keep_alive }
+                }
+                _ => routes::dispatch(&w, head.route, head.is_post, req_body, keep_alive, &mut s.out),
+            }
         };
         rbuf.drain(..consumed);
         if rbuf.is_empty() && rbuf.capacity() > SHRINK_ABOVE {

@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod http;
 pub mod prefix_cache;
 pub mod profile;
+pub mod realtime;
 pub mod render;
 pub mod request;
 pub mod routes;

@@ -9,6 +9,7 @@ use sonic_rs::JsonValueTrait;
 
 use crate::sim::config::{ms_to_us, Runtime};
 use crate::sim::faults::{self, Fault};
+use crate::sim::realtime;
 use crate::sim::render::{put_embeddings_body, put_error_body, put_response};
 use crate::sim::request::{self, Api};
 use crate::sim::timing;
@@ -36,6 +37,10 @@ pub enum Route {
     FlushCache,
     SimControl,
     SimStats,
+    /// `GET /v1/realtime`, a WebSocket session (see realtime.rs).
+    Realtime,
+    /// One of the Realtime REST routes, echoed.
+    RealtimeRest(&'static str),
     NotFound,
 }
 
@@ -50,6 +55,10 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
         "/v1/embeddings" => Route::Infer(Api::Embeddings),
         "/sim/control" => Route::SimControl,
         "/sim/stats" => Route::SimStats,
+        realtime::WS_PATH => Route::Realtime,
+        p if realtime::REST_PATHS.contains(&p) => {
+            Route::RealtimeRest(realtime::REST_PATHS.iter().copied().find(|r| *r == p).unwrap_or(""))
+        }
         "/health_generate" if sglang => Route::HealthGenerate,
         "/get_model_info" | "/model_info" if sglang => Route::ModelInfo,
         "/get_server_info" | "/server_info" if sglang => Route::ServerInfo,
@@ -167,6 +176,8 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
         Route::SimControl | Route::Infer(_) | Route::Decisions => {
             error_reply(out, 405, "method not allowed", keep_alive, extra)
         }
+        // Served by the connection (http.rs) when the method is right.
+        Route::Realtime | Route::RealtimeRest(_) => error_reply(out, 405, "method not allowed", keep_alive, extra),
         Route::NotFound => error_reply(out, 404, "not found", keep_alive, extra),
     }
 }
