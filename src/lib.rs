@@ -24,5 +24,6 @@ pub mod routing;
 pub mod runtime;
 pub mod serve;
 pub mod shard;
+pub mod tokenizer;
 pub mod trace;
 pub mod workers;
