@@ -41,6 +41,10 @@ pub struct WorkerMeta {
     pub api_key: Option<String>,
     /// `--dp-aware`: this entry is one rank of a data-parallel worker.
     pub dp_rank: Option<u32>,
+    /// A `grpc://` worker's model (tokenizer, context window, sampling defaults); None for
+    /// HTTP workers. Set once discovery loaded the tokenizer: before that the worker is not
+    /// routable.
+    pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
 }
 
 /// The engine behind a worker, as registration detected it (or the spec said).
