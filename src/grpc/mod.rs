@@ -9,5 +9,9 @@
 //! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages.
 
 pub mod bundle;
+pub mod conn;
 pub mod model;
+pub mod reply;
+pub mod request;
+pub mod stop;
 pub mod wire;

@@ -31,6 +31,7 @@ mod ctx;
 mod decisions;
 mod error;
 mod finish;
+mod grpc;
 mod inspect;
 mod isolate;
 mod pick;
@@ -336,6 +337,10 @@ async fn forward(
         }
         let worker = ctx.chosen.as_ref().expect("picked").worker();
         let id = worker.id;
+        // gRPC workers take token ids: the gateway renders, tokenizes and answers itself.
+        if worker.url.grpc {
+            return grpc::forward(shard, client, head, ctx, spec, body, &mut failed_on).await;
+        }
         let translate = is_decisions && worker.meta.runtime == crate::workers::snapshot::Runtime::Sglang;
         if translate && systemone.is_none() {
             match decisions::translate(body.bytes(&client.buf), ctx.model.as_deref().unwrap_or("")) {
