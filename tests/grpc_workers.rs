@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 use support::sim::Sim;
 use support::*;
@@ -183,5 +185,203 @@ fn chat_and_completions_text_is_what_the_engine_tokens_decode_to() {
             assert_eq!(c["text"].as_str(), Some(sim_text(&format!("{id}-{i}"), 0, 2).as_str()));
         }
         assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(4));
+    });
+}
+
+#[test]
+fn stop_strings_and_multibyte_characters_split_across_tokens() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        // One byte token per byte: "é", "ö" and "😀" each span several tokens, and so does "END".
+        let said = "héllo wörld 😀 END and then more";
+        let output = format!(r#","custom_params":{{"sim_output":"{said}"}}"#);
+        let r = post(gw.port, "/v1/chat/completions", &chat(&output), &[]);
+        assert_eq!(r.json()["choices"][0]["message"]["content"].as_str(), Some(said));
+        for stream in [false, true] {
+            let extra = format!(r#"{output},"stop":["END"],"stream":{stream}"#);
+            let r = post(gw.port, "/v1/chat/completions", &chat(&extra), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            let (text, fin) = if stream {
+                let evs = json_events(&r);
+                // Every delta is whole characters (a split one would not be valid JSON text
+                // equal to the original when joined).
+                streamed(&evs, true)
+            } else {
+                let v = r.json();
+                let c = &v["choices"][0];
+                (
+                    vec![c["message"]["content"].as_str().unwrap().to_string()],
+                    vec![c["finish_reason"].as_str().map(String::from)],
+                )
+            };
+            assert_eq!(text, ["héllo wörld 😀 "], "stream {stream}");
+            assert_eq!(fin, [Some("stop".to_string())]);
+        }
+        // no_stop_trim keeps the stop string; a completions stream splits the same way.
+        let extra = format!(r#"{output},"stop":"END","no_stop_trim":true"#);
+        let v = post(gw.port, "/v1/chat/completions", &chat(&extra), &[]).json();
+        assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some("héllo wörld 😀 END"));
+        let extra = format!(r#"{output},"stop":["wör"],"stream":true"#);
+        let r = post(gw.port, "/v1/completions", &completion(r#""x""#, &extra), &[]);
+        assert_eq!(streamed(&json_events(&r), false).0, ["héllo "]);
+    });
+}
+
+#[test]
+fn n_choices_come_back_by_index() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        let v = post(gw.port, "/v1/chat/completions", &chat(r#","n":3"#), &[]).json();
+        let id = v["id"].as_str().unwrap();
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3);
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"].as_u64(), Some(i as u64));
+            assert_eq!(c["message"]["content"].as_str(), Some(sim_text(id, i as u32, 5).as_str()));
+        }
+        assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(18));
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","n":3,"stream":true"#), &[]);
+        let evs = json_events(&r);
+        let id = evs[0]["id"].as_str().unwrap().to_string();
+        let (text, fin) = streamed(&evs, true);
+        assert_eq!(text, (0..3).map(|i| sim_text(&id, i, 5)).collect::<Vec<_>>());
+        assert!(fin.iter().all(|f| f.as_deref() == Some("stop")));
+        assert_eq!(sim.stats()["grpc"]["last_generate"]["n"].as_u64(), Some(3));
+    });
+}
+
+#[test]
+fn a_client_that_leaves_mid_generation_gets_its_request_aborted() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, &["--grpc", "--ttft-ms", "0", "--itl-ms", "40", "--output-tokens", "500"]);
+        let gw = gateway(legacy, &[&sim], &[]);
+        for stream in [true, false] {
+            let before = sim.stats()["grpc"]["aborts"].as_u64().unwrap_or(0);
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+            use std::io::{Read, Write};
+            let body = chat(&format!(r#","stream":{stream}"#));
+            s.write_all(post_bytes("/v1/chat/completions", &body, &[]).as_bytes()).unwrap();
+            if stream {
+                // The first event arrived: generation is under way.
+                let mut got = [0u8; 512];
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                assert!(s.read(&mut got).unwrap() > 0);
+            } else {
+                assert!(wait_until(Duration::from_secs(10), || sim.stats()["grpc"]["in_flight"].as_u64() == Some(1)));
+            }
+            drop(s);
+            let left = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+            assert!(
+                wait_until(Duration::from_secs(5), || sim.stats()["grpc"]["aborts"].as_u64().unwrap_or(0) > before),
+                "no Abort RPC (stream {stream}): {:?}",
+                sim.stats()["grpc"]
+            );
+            let g = sim.stats()["grpc"].clone();
+            let at = g["abort_unix_ms"].as_array().unwrap().iter().last().unwrap().as_u64().unwrap();
+            assert!(at.saturating_sub(left) <= 100, "Abort {} ms after the client left (stream {stream})", at - left);
+            assert!(g["abort_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .last()
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .starts_with("chatcmpl-"));
+        }
+    });
+}
+
+#[test]
+fn engine_errors_before_the_first_token_are_mapped_statuses() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &["--disable-retries"]);
+        let cases = [
+            ("INVALID_ARGUMENT", 400),
+            ("RESOURCE_EXHAUSTED", 429),
+            ("UNAVAILABLE", 503),
+            ("DEADLINE_EXCEEDED", 504),
+            ("INTERNAL", 500),
+        ];
+        for (code, status) in cases {
+            for stream in [false, true] {
+                let extra = format!(r#","custom_params":{{"sim_error":"{code}"}},"stream":{stream}"#);
+                let r = post(gw.port, "/v1/chat/completions", &chat(&extra), &[]);
+                assert_eq!(r.status, status, "{code}: {}", r.text());
+                assert_eq!(r.header("x-smg-error-code"), Some("start_generation_failed"));
+                assert!(r.header("content-type").unwrap().starts_with("application/json"));
+                assert_eq!(r.json()["error"]["code"].as_str(), Some("start_generation_failed"));
+                assert!(r.header("x-smg-routed-worker-id").is_none());
+            }
+        }
+        // An invalid argument is the request's fault: the worker stays routable.
+        let ok = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(ok.status, 200);
+        // The contract's own refusals, before dispatch.
+        let huge = "# ".repeat(17_000);
+        let r = post(gw.port, "/v1/completions", &completion(&format!("\"{huge}\""), ""), &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("context_length_exceeded"));
+        let image = r#"{"model":"sim-model","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/a.png"}}]}]}"#;
+        let r = post(gw.port, "/v1/chat/completions", image, &[]);
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str().map(String::from)),
+            (400, Some("multimodal_not_supported".into()))
+        );
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","modalities":["text","audio"]"#), &[]);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("unsupported_output_modality"), "{}", r.text());
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","return_audio":true"#), &[]);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("audio_output_not_supported"), "{}", r.text());
+    });
+}
+
+#[test]
+fn a_retryable_engine_error_goes_to_another_worker() {
+    both_drivers(|legacy| {
+        let bad = Sim::start(MODEL, &["--grpc", "--fail-rate", "1", "--fail-status", "503"]);
+        let good = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&bad, &good], &["--policy", "round_robin"]);
+        for _ in 0..4 {
+            let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.header("x-smg-routed-worker-id"), Some(good.grpc_url().as_str()));
+        }
+    });
+}
+
+#[test]
+fn a_mid_stream_failure_is_an_error_event_then_done() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(
+            MODEL,
+            &[
+                "--grpc",
+                "--ttft-ms",
+                "0",
+                "--itl-ms",
+                "0",
+                "--output-tokens",
+                "8",
+                "--truncate-rate",
+                "1",
+                "--truncate-after-tokens",
+                "3",
+            ],
+        );
+        let gw = gateway(legacy, &[&sim], &[]);
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","stream":true"#), &[]);
+        assert_eq!(r.status, 200);
+        let ev = events(&r);
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+        let err: sonic_rs::Value = sonic_rs::from_str(&ev[ev.len() - 2]).unwrap();
+        assert!(err["error"]["message"].as_str().unwrap().starts_with("Stream error:"), "{err:?}");
+        assert_eq!(err["error"]["type"].as_str(), Some("internal_error"));
+        let chunks: Vec<sonic_rs::Value> = ev[..ev.len() - 2].iter().map(|e| sonic_rs::from_str(e).unwrap()).collect();
+        let id = chunks[0]["id"].as_str().unwrap().to_string();
+        assert_eq!(streamed(&chunks, true).0, [sim_text(&id, 0, 3)]);
+        assert!(!r.text().contains("\"finish_reason\":\"error\""));
     });
 }
