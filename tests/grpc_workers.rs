@@ -385,3 +385,34 @@ fn a_mid_stream_failure_is_an_error_event_then_done() {
         assert!(!r.text().contains("\"finish_reason\":\"error\""));
     });
 }
+
+#[test]
+fn text_policies_route_grpc_requests_on_the_gateways_token_ids() {
+    both_drivers(|legacy| {
+        let a = Sim::start(MODEL, FAST);
+        let b = Sim::start(MODEL, FAST);
+        for policy in ["prefix_hash", "cache_aware"] {
+            let gw = gateway(legacy, &[&a, &b], &["--policy", policy]);
+            let routed = |body: &str, hint: Option<String>| {
+                let h = hint.map(|t| format!("X-SMG-Routing-Tokens: {t}"));
+                let headers: Vec<&str> = h.iter().map(String::as_str).collect();
+                let r = post(gw.port, "/v1/chat/completions", body, &headers);
+                assert_eq!(r.status, 200, "{}", r.text());
+                r.header("x-smg-routed-worker-id").unwrap().to_string()
+            };
+            let prompt = |i: usize| {
+                let text = format!("conversation {i}: {}", "the same long system prompt ".repeat(40));
+                format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"{text}"}}]}}"#)
+            };
+            // A routing hint is for HTTP workers: the prompt's own ids decide here.
+            let first = routed(&prompt(0), None);
+            for k in 0..5 {
+                assert_eq!(routed(&prompt(0), Some(format!("{k},{},{}", k * 7 + 1, k * 13 + 2))), first, "{policy}");
+            }
+            if policy == "prefix_hash" {
+                let seen: std::collections::HashSet<String> = (1..13).map(|i| routed(&prompt(i), None)).collect();
+                assert_eq!(seen.len(), 2, "distinct prompts spread over both workers");
+            }
+        }
+    });
+}

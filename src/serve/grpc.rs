@@ -60,8 +60,44 @@ struct Started {
     calls: Vec<(String, Call, Option<GenerateResponse>)>,
 }
 
+/// A request prepared before pick, so a text policy routes on its token ids.
+pub struct Early {
+    doc: sonic_rs::Value,
+    model: Arc<GrpcModel>,
+    prepared: Prepared,
+}
+
+impl Early {
+    /// The first engine request's prompt.
+    pub fn tokens(&self) -> &[u32] {
+        self.prepared.prompts.first().map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+/// With `cache_aware` or `prefix_hash` and a gRPC worker serving the model, renders and
+/// tokenizes with that worker's model before pick. None when nothing calls for it or it
+/// fails (the request is then prepared after pick and refused there).
+pub fn early(shard: &Shard, spec: &EndpointSpec, ctx: &RequestCtx, body: &[u8]) -> Option<Early> {
+    if !shard.cfg().routing.policy.uses_text() {
+        return None;
+    }
+    let kind = match spec.schema {
+        Some(Endpoint::ChatCompletions) => Kind::Chat,
+        Some(Endpoint::Completions) => Kind::Completions,
+        _ => return None,
+    };
+    let snap = shard.snapshot();
+    let serves = |w: &&crate::workers::Worker| ctx.model.is_none() || w.model == ctx.model;
+    let model = snap.workers.iter().filter(serves).find(|w| w.healthy).and_then(|w| w.meta.grpc.clone())?;
+    let doc: sonic_rs::Value = sonic_rs::from_slice(body).ok()?;
+    let prepared = request::prepare(kind, &doc, &model).ok()?;
+    Some(Early { doc, model, prepared })
+}
+
 /// From pick (a gRPC worker chosen) to the end of the response, with the retry edge back to
 /// pick while nothing has reached the client.
+// The phases' shared state, passed as the other phases take it.
+#[allow(clippy::too_many_arguments)]
 pub async fn forward(
     shard: &Rc<Shard>,
     client: &mut Client,
@@ -70,6 +106,7 @@ pub async fn forward(
     spec: &EndpointSpec,
     body: &Body,
     failed_on: &mut Vec<WorkerId>,
+    early: Option<Early>,
 ) -> Outcome {
     let kind = match spec.schema {
         Some(Endpoint::ChatCompletions) => Kind::Chat,
@@ -79,12 +116,14 @@ pub async fn forward(
             return reject(ApiError::new(501, "endpoint_not_supported_on_grpc", msg));
         }
     };
-    let doc: sonic_rs::Value = match sonic_rs::from_slice(body.bytes(&client.buf)) {
-        Ok(v) => v,
-        Err(e) => return reject(ApiError::bad_request(format!("request body: {e}"))),
+    let (doc, mut prepared) = match early {
+        Some(e) => (e.doc, Some((e.model, e.prepared))),
+        None => match sonic_rs::from_slice(body.bytes(&client.buf)) {
+            Ok(v) => (v, None),
+            Err(e) => return reject(ApiError::bad_request(format!("request body: {e}"))),
+        },
     };
     let mut id = response_id(shard, spec.id_prefix);
-    let mut prepared: Option<(Arc<GrpcModel>, Prepared)> = None;
     loop {
         let worker = ctx.chosen.as_ref().expect("picked").worker();
         let Some(model) = worker.meta.grpc.clone() else {
@@ -136,7 +175,9 @@ pub async fn forward(
         let policy = shard.cfg().retry.expect("may_retry");
         let unit = (shard.next_random() >> 11) as f64 / (1u64 << 53) as f64;
         crate::io::sleep(policy.backoff(u32::from(ctx.attempts) + 1, unit)).await;
-        if let Err(f) = pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, failed_on) {
+        let tokens = prepared.as_ref().and_then(|(_, p)| p.prompts.first()).map(Vec::as_slice);
+        let picked = pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, failed_on, tokens);
+        if let Err(f) = picked {
             return Outcome::Failed(f);
         }
         if !ctx.chosen.as_ref().expect("picked").worker().url.grpc {
