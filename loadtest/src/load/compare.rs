@@ -334,6 +334,11 @@ pub(crate) fn start_target(
             let mut cmd = pinned(args.sut_core, bin);
             cmd.arg("launch").arg("--worker-urls").args(&worker_urls);
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
+            if t.kind == Kind::SmgPython {
+                // Its metrics listener defaults to 0.0.0.0:29000, which another gateway on the
+                // box may hold: a port of its own on loopback.
+                cmd.args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &free_port()?.to_string()]);
+            }
             if t.kind == Kind::Smg {
                 cmd.args(["--cores", "1"]);
                 let extra = if t.name == "smg-base" { &args.sut.base_args } else { &args.sut.smg_args };
