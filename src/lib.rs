@@ -16,6 +16,7 @@ pub mod civil;
 pub mod config;
 pub mod contract;
 pub mod demo;
+pub mod grpc;
 pub mod http;
 pub mod io;
 pub mod metrics;

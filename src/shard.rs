@@ -106,6 +106,8 @@ pub struct Shard {
     cfg: Arc<Config>,
     snapshot: RefCell<SnapshotCache>,
     pool: Pool,
+    /// gRPC workers: one multiplexed h2 connection each.
+    grpc: crate::grpc::conn::Channels,
     loads: RefCell<Loads>,
     router: RefCell<ShardRouter>,
     peers: Vec<flume::Sender<ShardMsg>>,
@@ -187,6 +189,7 @@ impl Shard {
         Shard {
             index,
             pool: Pool::new(cfg.pool_idle_timeout),
+            grpc: Default::default(),
             snapshot: RefCell::new(SnapshotCache { cache, local }),
             loads: RefCell::new(loads),
             router: RefCell::new(ShardRouter::new(&cfg.routing, index, cfg.cores)),
@@ -385,6 +388,11 @@ impl Shard {
         self.pool.put(worker, conn)
     }
 
+    /// The gRPC connections (one per gRPC worker).
+    pub fn grpc(&self) -> &crate::grpc::conn::Channels {
+        &self.grpc
+    }
+
     /// A pooled connection to `worker` proved stale: its siblings are dropped too.
     pub fn forget_conns(&self, worker: WorkerId) {
         self.pool.clear(worker)
@@ -569,6 +577,7 @@ impl Shard {
         if snap.generation != self.pruned_for.get() {
             self.pruned_for.set(snap.generation);
             self.pool.retain(|id| snap.worker(id).is_some());
+            self.grpc.retain(|id| snap.worker(id).is_some());
         }
     }
 

@@ -91,6 +91,14 @@ pub struct WorkerArgs {
     /// instead of sending the request to the least loaded of them.
     #[arg(long)]
     pub worker_overload_shed: bool,
+
+    /// gRPC workers: the model directory (or tokenizer.json, or GGUF) whose tokenizer and
+    /// chat template the gateway uses, instead of what each worker advertises.
+    #[arg(long, alias = "model")]
+    pub model_path: Option<std::path::PathBuf>,
+    /// gRPC workers: the tokenizer, overriding --model-path's.
+    #[arg(long)]
+    pub tokenizer_path: Option<std::path::PathBuf>,
 }
 
 fn at_least_one(flag: &str, v: u32) -> Result<u32, String> {
@@ -147,6 +155,9 @@ impl WorkerArgs {
                 .then_some(OverloadThresholds { waiting: self.worker_overload_waiting_requests, token_usage: usage }),
             dp_aware: self.dp_aware,
             shards,
+            tokenizer: crate::grpc::model::TokenizerSource {
+                path: self.tokenizer_path.clone().or_else(|| self.model_path.clone()),
+            },
         })
     }
 

@@ -31,6 +31,7 @@ mod ctx;
 mod decisions;
 mod error;
 mod finish;
+mod grpc;
 mod inspect;
 mod isolate;
 mod pick;
@@ -335,13 +336,22 @@ async fn forward(
     // Decisions for an SGLang worker: the System One body, made when one is first picked.
     let mut systemone: Option<decisions::Translated> = None;
     let is_decisions = spec.schema == Some(crate::contract::Endpoint::Decisions);
+    // gRPC workers with a text policy route on the prompt's token ids: tokenized before pick.
+    let mut early =
+        if shard.snapshot().any_grpc { grpc::early(shard, spec, ctx, body.bytes(&client.buf)) } else { None };
     loop {
-        let picked = pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, &failed_on);
+        let tokens = early.as_ref().map(|e| e.tokens());
+        let picked =
+            pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, &failed_on, tokens);
         if let Err(f) = picked {
             return Outcome::Failed(f);
         }
         let worker = ctx.chosen.as_ref().expect("picked").worker();
         let id = worker.id;
+        // gRPC workers take token ids: the gateway renders, tokenizes and answers itself.
+        if worker.url.grpc {
+            return grpc::forward(shard, client, head, ctx, spec, body, &mut failed_on, early.take()).await;
+        }
         let translate = is_decisions && worker.meta.runtime == crate::workers::snapshot::Runtime::Sglang;
         if translate && systemone.is_none() {
             match decisions::translate(body.bytes(&client.buf), ctx.model.as_deref().unwrap_or("")) {

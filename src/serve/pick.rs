@@ -22,6 +22,8 @@ fn decisions_eligible(w: &Worker) -> bool {
 
 /// Picks a worker for `ctx` unless one is already chosen. `avoid`: workers that failed this
 /// request already; they are passed over while any other candidate is left.
+// The phases' shared state, passed as the other phases take it.
+#[allow(clippy::too_many_arguments)]
 pub fn pick_worker(
     shard: &Rc<Shard>,
     spec: &EndpointSpec,
@@ -30,6 +32,7 @@ pub fn pick_worker(
     body: &[u8],
     ctx: &mut RequestCtx,
     avoid: &[WorkerId],
+    tokens: Option<&[u32]>,
 ) -> Result<(), Failure> {
     // The retry edge comes back here. A retry after a stale pooled socket goes to the same
     // worker on a fresh connection (the worker did nothing wrong): it is still chosen. A
@@ -91,8 +94,11 @@ pub fn pick_worker(
     };
     let cfg = &shard.cfg().routing;
     let header = |name: &str| head.header(buf, name).and_then(|v| std::str::from_utf8(v).ok());
-    let hint = head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens);
-    let wants_text = cfg.policy.uses_text() && hint.is_none();
+    // The gateway's own token ids (gRPC workers) are what the engine will see: they win over
+    // a routing hint, which the contract reads on the HTTP path only.
+    let hint =
+        if tokens.is_some() { None } else { head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens) };
+    let wants_text = cfg.policy.uses_text() && hint.is_none() && tokens.is_none();
     let fields = if wants_text || cfg.routing_key_override { spec.text.and_then(|k| scan_body(k, body)) } else { None };
     let (text, body_tokens) = match fields.as_ref().and_then(|f| f.signal.as_ref()) {
         Some(RoutingSignal::Text(t)) => (Some(t.as_str()), None),
@@ -102,7 +108,7 @@ pub fn pick_worker(
     let input = RouteInput {
         model: model.unwrap_or(""),
         text,
-        tokens: hint.as_deref().or(body_tokens),
+        tokens: tokens.or(hint.as_deref()).or(body_tokens),
         namespace: fields.as_ref().and_then(|f| f.namespace.as_deref()),
         routing_key: first_routing_key(&cfg.routing_key_headers, |n| head.header(buf, n)),
         target_worker: header("x-smg-target-worker"),

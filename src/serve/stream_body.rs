@@ -102,7 +102,7 @@ pub async fn forward(
 ) -> Result<Outcome, Buffer> {
     let Some(model) = shard.snapshot().only_model.clone() else { return Err(Buffer) };
     ctx.model = Some(model);
-    if pick_worker(shard, spec, head, &client.buf, &[], ctx, &[]).is_err() {
+    if pick_worker(shard, spec, head, &client.buf, &[], ctx, &[], None).is_err() {
         ctx.model = None;
         return Err(Buffer);
     }

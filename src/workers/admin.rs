@@ -288,7 +288,7 @@ fn info(b: &mut Vec<u8>, e: &Entry) {
     field(b, "worker_type", false);
     put_str(b, worker_type(e));
     field(b, "connection_mode", false);
-    put_str(b, "http");
+    put_str(b, if e.base.grpc { "grpc" } else { "http" });
     field(b, "runtime_type", false);
     put_str(b, e.runtime.as_str());
     if !e.spec.labels.is_empty() {
@@ -347,9 +347,12 @@ fn parse_spec(body: &[u8]) -> Result<WorkerSpec, AdminReply> {
     };
     let mut spec = WorkerSpec::from_url(url);
     apply_fields(&mut spec, &v).map_err(|why| error(422, "BAD_REQUEST", &why))?;
+    // The URL's scheme says how the worker is spoken to; a contradicting mode is refused.
     if let Some(t) = v.get("connection_mode").and_then(|t| t.as_str()) {
-        if !t.eq_ignore_ascii_case("http") {
-            return Err(error(400, "BAD_REQUEST", &format!("connection_mode '{t}' is not supported by this gateway")));
+        let grpc = url.starts_with("grpc://");
+        let ok = (t.eq_ignore_ascii_case("http") && !grpc) || (t.eq_ignore_ascii_case("grpc") && grpc);
+        if !ok {
+            return Err(error(400, "BAD_REQUEST", &format!("connection_mode '{t}' does not match the URL '{url}'")));
         }
     }
     Ok(spec)
@@ -599,6 +602,7 @@ mod tests {
         assert_eq!(parse_spec(b"{").unwrap_err().status, 400);
         assert_eq!(parse_spec(br#"{"models":[]}"#).unwrap_err().status, 422);
         assert_eq!(parse_spec(br#"{"url":"http://x:1","priority":-1}"#).unwrap_err().status, 422);
-        assert_eq!(parse_spec(br#"{"url":"grpc://x:1","connection_mode":"grpc"}"#).unwrap_err().status, 400);
+        assert!(parse_spec(br#"{"url":"grpc://x:1","connection_mode":"grpc"}"#).is_ok());
+        assert_eq!(parse_spec(br#"{"url":"grpc://x:1","connection_mode":"http"}"#).unwrap_err().status, 400);
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::admin::{self, AdminReply, AdminRequest};
 use super::breaker::Verdict;
 use super::fleet::{Discovery, Fleet, FleetConfig, FleetStats, ProbeResult, WorkerSpec};
-use super::probe;
+use super::{grpc_probe, probe};
 use super::{Registry, WorkerId, WorkerUrl};
 
 /// Shards → control.
@@ -135,6 +135,7 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
     let endpoint = fleet.cfg.health_endpoint.clone();
     let load_every = fleet.cfg.load_interval;
     let checks = fleet.cfg.health_checks;
+    let source = fleet.cfg.tokenizer.clone();
     for e in &mut fleet.entries {
         if e.draining_since.is_some() {
             continue;
@@ -145,8 +146,13 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
             let discover = !e.discovered;
             let check = checks && !e.spec.health_disabled.unwrap_or(false);
             let endpoint = endpoint.clone();
+            let source = source.clone();
             tokio::spawn(async move {
-                let r = check_worker(&url, &endpoint, check, discover, timeout).await;
+                let r = if url.grpc {
+                    check_grpc_worker(&url, &source, check, discover, timeout).await
+                } else {
+                    check_worker(&url, &endpoint, check, discover, timeout).await
+                };
                 let _ = done.send(Done::Probe(id, r));
             });
         }
@@ -156,6 +162,11 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
                 let (id, url, done) = (e.id, e.base.clone(), done.clone());
                 let rank = e.dp_rank;
                 tokio::spawn(async move {
+                    if url.grpc {
+                        let load = grpc_probe::loads(&url, timeout).await;
+                        let _ = done.send(Done::Load(id, load));
+                        return;
+                    }
                     let load = probe::get(&url, "/v1/loads", timeout)
                         .await
                         .ok()
@@ -184,5 +195,29 @@ async fn check_worker(url: &WorkerUrl, endpoint: &str, check: bool, discover: bo
         true
     };
     let discovery: Option<Discovery> = if passed && discover { probe::discover(url, timeout).await } else { None };
+    ProbeResult { passed, discovery, skipped: false }
+}
+
+/// The same for a `grpc://` worker: HealthCheck, then discovery (model info and the
+/// tokenizer) until it has succeeded once.
+async fn check_grpc_worker(
+    url: &WorkerUrl,
+    source: &crate::grpc::model::TokenizerSource,
+    check: bool,
+    discover: bool,
+    timeout: Duration,
+) -> ProbeResult {
+    let passed = if check {
+        match grpc_probe::health(url, timeout).await {
+            Ok(healthy) => healthy,
+            Err(e) => {
+                crate::debug!("worker {}: HealthCheck: {e}", url.url);
+                false
+            }
+        }
+    } else {
+        true
+    };
+    let discovery = if passed && discover { grpc_probe::discover(url, timeout, source).await } else { None };
     ProbeResult { passed, discovery, skipped: false }
 }

@@ -32,6 +32,8 @@ pub struct FleetConfig {
     pub overload: Option<OverloadThresholds>,
     pub dp_aware: bool,
     pub shards: usize,
+    /// gRPC workers' tokenizer, when the operator names one (`--tokenizer-path`/`--model-path`).
+    pub tokenizer: crate::grpc::model::TokenizerSource,
 }
 
 /// SMG's overload rule: a worker is overloaded when its waiting requests (summed over its
@@ -107,6 +109,8 @@ pub struct Entry {
     pub probing: bool,
     pub next_load_poll: Instant,
     pub created: std::time::SystemTime,
+    /// What discovery found of a gRPC worker's model (None for HTTP workers).
+    pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
     meta: Arc<WorkerMeta>,
 }
 
@@ -129,6 +133,7 @@ impl Entry {
             labels: self.spec.labels.clone(),
             api_key: self.spec.api_key.clone(),
             dp_rank: self.dp_rank,
+            grpc: self.grpc.clone(),
         });
     }
 
@@ -168,6 +173,8 @@ pub struct Discovery {
     pub runtime: Runtime,
     pub dp_size: Option<u32>,
     pub max_running: Option<u64>,
+    /// A gRPC worker's model: its tokenizer, context window and sampling defaults.
+    pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
 }
 
 /// Why a registration was refused.
@@ -273,6 +280,7 @@ impl Fleet {
             probing: false,
             next_load_poll: now,
             created: std::time::SystemTime::now(),
+            grpc: None,
             meta: Arc::default(),
             spec,
         };
@@ -300,6 +308,7 @@ impl Fleet {
             }
             e.dp_size = d.dp_size;
             e.max_running = d.max_running;
+            e.grpc = d.grpc;
             e.refresh_meta();
         }
         let checked = e.health_checked(&cfg);
@@ -579,6 +588,7 @@ mod tests {
             overload: Some(OverloadThresholds { waiting: 8, token_usage: 0.8 }),
             dp_aware: true,
             shards: 2,
+            tokenizer: Default::default(),
         }
     }
 
@@ -590,6 +600,7 @@ mod tests {
                 runtime: Runtime::Sglang,
                 dp_size: dp,
                 max_running: None,
+                grpc: None,
             }),
             skipped: false,
         }

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod breaker;
 pub mod control;
 pub mod fleet;
+pub mod grpc_probe;
 pub mod probe;
 pub mod snapshot;
 pub mod status;

@@ -183,6 +183,7 @@ pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery
         runtime: runtime.unwrap_or_default(),
         dp_size: field("dp_size").map(|n| n.clamp(1, 1024) as u32),
         max_running: field("max_running_requests"),
+        grpc: None,
     })
 }
 

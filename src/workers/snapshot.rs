@@ -41,6 +41,10 @@ pub struct WorkerMeta {
     pub api_key: Option<String>,
     /// `--dp-aware`: this entry is one rank of a data-parallel worker.
     pub dp_rank: Option<u32>,
+    /// A `grpc://` worker's model (tokenizer, context window, sampling defaults); None for
+    /// HTTP workers. Set once discovery loaded the tokenizer: before that the worker is not
+    /// routable.
+    pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
 }
 
 /// The engine behind a worker, as registration detected it (or the spec said).
@@ -95,6 +99,9 @@ pub struct Snapshot {
     pub body_needed: Option<&'static str>,
     /// The fleet's one model, when it has exactly one.
     pub only_model: Option<String>,
+    /// Some worker is `grpc://`: only then does a request look for a gRPC model to
+    /// tokenize with before routing (the HTTP path pays one bool test).
+    pub any_grpc: bool,
 }
 
 /// A model's workers as routing sees them. Overloaded workers are left out while any
@@ -158,7 +165,8 @@ impl Snapshot {
         } else {
             None
         };
-        Snapshot { generation, workers, healthy_by_model, healthy, models_body, body_needed, only_model }
+        let any_grpc = workers.iter().any(|w| w.url.grpc);
+        Snapshot { generation, workers, healthy_by_model, healthy, models_body, body_needed, only_model, any_grpc }
     }
 
     /// The worker registered under `id`, if it still is.

@@ -24,6 +24,8 @@ pub struct WorkerUrl {
     /// `host:port` for the Host header.
     pub authority: String,
     pub addr: SocketAddr,
+    /// `grpc://`: SGLang's scheduler protocol (token ids in, token ids out) instead of HTTP.
+    pub grpc: bool,
 }
 
 // === impl WorkerUrl ===
@@ -31,10 +33,13 @@ pub struct WorkerUrl {
 impl WorkerUrl {
     pub fn parse(raw: &str) -> Result<Self, String> {
         let url = raw.trim_end_matches('/');
-        let rest =
-            url.strip_prefix("http://").ok_or_else(|| format!("'{raw}': only http:// worker URLs are supported"))?;
+        let (rest, grpc) = match (url.strip_prefix("http://"), url.strip_prefix("grpc://")) {
+            (Some(r), _) => (r, false),
+            (_, Some(r)) => (r, true),
+            _ => return Err(format!("'{raw}': only http:// and grpc:// worker URLs are supported")),
+        };
         if rest.is_empty() || rest.contains('/') || rest.contains('@') {
-            return Err(format!("'{raw}': expected http://host[:port]"));
+            return Err(format!("'{raw}': expected http://host[:port] or grpc://host[:port]"));
         }
         let authority = if rest.starts_with('[')
             || rest.rsplit_once(':').is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
@@ -48,7 +53,7 @@ impl WorkerUrl {
             .map_err(|e| format!("'{raw}': cannot resolve: {e}"))?
             .next()
             .ok_or_else(|| format!("'{raw}': no address"))?;
-        Ok(Self { url: url.to_string(), authority: rest.to_string(), addr })
+        Ok(Self { url: url.to_string(), authority: rest.to_string(), addr, grpc })
     }
 }
 
@@ -64,7 +69,10 @@ mod tests {
         assert_eq!(w.authority, "127.0.0.1:8000");
         assert_eq!(WorkerUrl::parse("http://127.0.0.1").unwrap().addr.port(), 80);
         assert!(WorkerUrl::parse("https://x:1").is_err());
-        assert!(WorkerUrl::parse("grpc://x:1").is_err());
+        let g = WorkerUrl::parse("grpc://127.0.0.1:9000").unwrap();
+        assert!(g.grpc && !w.grpc);
+        assert_eq!((g.url.as_str(), g.addr.port()), ("grpc://127.0.0.1:9000", 9000));
+        assert!(WorkerUrl::parse("grpc://127.0.0.1:1/x").is_err());
         assert!(WorkerUrl::parse("http://").is_err());
         assert!(WorkerUrl::parse("http://127.0.0.1:1/v1").is_err());
     }

@@ -34,6 +34,11 @@ impl Sim {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// A `--grpc` worker's URL for the gateway (its HTTP control surface stays on `url`).
+    pub fn grpc_url(&self) -> String {
+        format!("grpc://127.0.0.1:{}", self.port)
+    }
+
     /// POST /sim/control.
     pub fn control(&self, json: &str) -> Response {
         let r = post(self.port, "/sim/control", json, &[]);

@@ -59,6 +59,12 @@ pub struct SutArgs {
     /// Python SMG launcher (default: an `smg` script on PATH).
     #[arg(long)]
     pub smg_python_bin: Option<PathBuf>,
+    /// gRPC workers: the simulators serve SGLang's scheduler API (`smg-sim --grpc`) and the
+    /// gateways register them as `grpc://`, so they tokenize, render and detokenize
+    /// themselves. Only the gateway targets (smg, smg-base, smg-python) speak it; direct and
+    /// nginx are skipped.
+    #[arg(long)]
+    pub grpc: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -257,6 +263,9 @@ pub(crate) fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc
         }
     }
     cmd.arg("--cores").arg(args.load_core.to_string());
+    if args.sut.grpc {
+        cmd.arg("--grpc");
+    }
     cmd.args(args.sut.sim_args.split_whitespace());
     spawn_sim(cmd, &bin)
 }
@@ -315,7 +324,8 @@ pub(crate) fn start_target(
     sim_ports: &[u16],
     probe_req: &dyn Fn(u16) -> Vec<u8>,
 ) -> Result<(Option<Proc>, u16), String> {
-    let worker_urls: Vec<String> = sim_ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let scheme = if args.sut.grpc { "grpc" } else { "http" };
+    let worker_urls: Vec<String> = sim_ports.iter().map(|p| format!("{scheme}://127.0.0.1:{p}")).collect();
     let port = free_port()?;
     let (mut child, dir) = match t.kind {
         Kind::Direct => return Ok((None, sim_ports[0])),
@@ -324,6 +334,11 @@ pub(crate) fn start_target(
             let mut cmd = pinned(args.sut_core, bin);
             cmd.arg("launch").arg("--worker-urls").args(&worker_urls);
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
+            if t.kind == Kind::SmgPython {
+                // Its metrics listener defaults to 0.0.0.0:29000, which another gateway on the
+                // box may hold: a port of its own on loopback.
+                cmd.args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &free_port()?.to_string()]);
+            }
             if t.kind == Kind::Smg {
                 cmd.args(["--cores", "1"]);
                 let extra = if t.name == "smg-base" { &args.sut.base_args } else { &args.sut.smg_args };
@@ -406,6 +421,10 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
             }
             other => return Err(format!("unknown target {other:?} (direct, smg, smg-base, nginx, smg-python)")),
         };
+        if args.sut.grpc && matches!(kind, Kind::Direct | Kind::Nginx) {
+            notes.push(format!("{name}: skipped (--grpc: it speaks no gRPC)"));
+            continue;
+        }
         if kind != Kind::Direct && bin.is_none() {
             notes.push(format!("{name}: skipped (not installed; see --help for how to point at it)"));
             continue;

@@ -11,6 +11,10 @@
 //! Faults: --fail-rate answers the status --fail-status maps to, or `custom_params.sim_error`
 //! ("RESOURCE_EXHAUSTED", "unavailable", "3"...) names one per request; --hang-rate never
 //! answers; --truncate-rate ends the stream with INTERNAL after some tokens.
+//!
+//! `custom_params.sim_output` (a string) replaces the words with that text's bytes, one byte
+//! token each, then the stop token: gateway tests get multi-byte characters and stop strings
+//! split across tokens on purpose.
 
 use std::rc::Rc;
 
@@ -45,6 +49,8 @@ struct Plan {
     keep_stop: bool,
     truncate_after: Option<u32>,
     hang: bool,
+    /// `custom_params.sim_output` as byte tokens.
+    forced: Option<Vec<u32>>,
 }
 
 pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse<Bytes>) {
@@ -149,13 +155,16 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         Fault::None => {}
     }
     let t = w.timing.get();
-    let (length, natural_stop) = match sp.max_new_tokens {
-        Some(0) => (0, None),
-        Some(m) => (timing::output_tokens(&t, Some(m as u64)).0, None),
-        None => {
-            let stop = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
-            (timing::output_tokens(&t, None).0, Some(stop))
-        }
+    let forced = requested_output(&sp);
+    let stop_id = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
+    let (length, natural_stop) = match (&forced, sp.max_new_tokens) {
+        (Some(f), Some(m)) if m as usize <= f.len() => (m, None),
+        (Some(f), _) => (f.len() as u32 + 1, Some(stop_id)),
+        (None, m) => match m {
+            Some(0) => (0, None),
+            Some(m) => (timing::output_tokens(&t, Some(m as u64)).0, None),
+            None => (timing::output_tokens(&t, None).0, Some(stop_id)),
+        },
     };
     let truncate_after = truncate_after.map(|a| a.unwrap_or(length / 2).min(length));
     bump(&w.stats.inference, 1);
@@ -173,7 +182,17 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         keep_stop: sp.no_stop_trim,
         truncate_after,
         hang,
+        forced,
     })
+}
+
+/// `custom_params.sim_output`: the text to answer with, as one byte token per byte.
+fn requested_output(sp: &smg_proto::scheduler::SamplingParams) -> Option<Vec<u32>> {
+    use prost_types::value::Kind;
+    match sp.custom_params.as_ref()?.fields.get("sim_output")?.kind.as_ref()? {
+        Kind::StringValue(s) => Some(s.bytes().map(tokenizer::byte_id).collect()),
+        _ => None,
+    }
 }
 
 /// `custom_params.sim_error`: a per-request engine error for gateway tests.
@@ -291,7 +310,10 @@ async fn decode(
             let tok = if natural_end {
                 plan.natural_stop.unwrap_or(tokenizer::IM_END_ID)
             } else {
-                token_at(seed, i as u32, k)
+                match plan.forced.as_ref().and_then(|f| f.get(k as usize)) {
+                    Some(&b) => b,
+                    None => token_at(seed, i as u32, k),
+                }
             };
             s.generated += 1;
             bump(&w.stats.output_tokens, 1);

@@ -1,0 +1,17 @@
+//! gRPC workers (SGLang's scheduler API): the gateway tokenizes, renders the chat template,
+//! sends token ids and assembles OpenAI responses from the token stream.
+//!
+//! - `wire`: gRPC framing and statuses (no runtime in it);
+//! - `model`: what a shard needs of a worker's model (shared through the Snapshot);
+//! - `bundle`: GetTokenizer's zip archive;
+//! - `conn`: a shard's multiplexed h2 connection per worker, over monoio's poll-io bridge;
+//! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
+//! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages.
+
+pub mod bundle;
+pub mod conn;
+pub mod model;
+pub mod reply;
+pub mod request;
+pub mod stop;
+pub mod wire;

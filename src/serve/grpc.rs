@@ -1,0 +1,633 @@
+//! Chat Completions and Completions on a gRPC worker: the branch `forward` takes when the
+//! picked worker is `grpc://`. The contract already validated the body; here it is parsed
+//! once, rendered and tokenized with the worker's model (src/grpc/request.rs), sent as
+//! Generate calls on the shard's h2 connection, and answered with OpenAI JSON or SSE the
+//! gateway assembles (src/grpc/reply.rs), detokenizing incrementally and matching stop
+//! strings on the decoded text.
+//!
+//! Until the first engine message nothing is written to the client: an engine refusal is
+//! `start_generation_failed` with the engine's status mapped, retried on another worker
+//! when that status is retryable (as for HTTP workers). After it, a failure is the
+//! contract's stream error event then `[DONE]`. A client that leaves mid-generation gets
+//! its engine requests aborted at once (Abort RPC, and the stream reset).
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use monoio::net::TcpStream;
+use smg_proto::paths::sglang_scheduler as path;
+use smg_proto::scheduler::{
+    generate_response, AbortRequest, AbortResponse, GenerateRequest, GenerateResponse, TokenizedInput,
+};
+use smg_wire::num::put_hex_width;
+
+use super::client::Client;
+use super::ctx::RequestCtx;
+use super::error::Failure;
+use super::finish::{announce_close, Outcome};
+use super::pick::pick_worker;
+use crate::api::{ApiError, EndpointSpec};
+use crate::contract::Endpoint;
+use crate::grpc::conn::{self, Call};
+use crate::grpc::model::GrpcModel;
+use crate::grpc::reply::{self, Choice, Meta, Usage};
+use crate::grpc::request::{self, Kind, Prepared};
+use crate::grpc::stop::StopMatcher;
+use crate::grpc::wire::{Code, Status};
+use crate::http::body::Body;
+use crate::http::head::RequestHead;
+use crate::http::relay::{RelayEnd, RelayStats};
+use crate::http::respond::{header_line, status_line, Stamp};
+use crate::http::usage::UsageScan;
+use crate::io::{peer_closed, write_all};
+use crate::shard::Shard;
+use crate::tokenizer::IncrementalDecoder;
+use crate::workers::breaker::Verdict;
+use crate::workers::WorkerId;
+
+/// The worker a call went to.
+struct Target {
+    id: WorkerId,
+    url: String,
+    authority: String,
+    send: SendRequest<Bytes>,
+}
+
+/// Engine calls that have produced their first message.
+struct Started {
+    calls: Vec<(String, Call, Option<GenerateResponse>)>,
+}
+
+/// A request prepared before pick, so a text policy routes on its token ids.
+pub struct Early {
+    doc: sonic_rs::Value,
+    model: Arc<GrpcModel>,
+    prepared: Prepared,
+}
+
+impl Early {
+    /// The first engine request's prompt.
+    pub fn tokens(&self) -> &[u32] {
+        self.prepared.prompts.first().map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+/// With `cache_aware` or `prefix_hash` and a gRPC worker serving the model, renders and
+/// tokenizes with that worker's model before pick. None when nothing calls for it or it
+/// fails (the request is then prepared after pick and refused there).
+pub fn early(shard: &Shard, spec: &EndpointSpec, ctx: &RequestCtx, body: &[u8]) -> Option<Early> {
+    if !shard.cfg().routing.policy.uses_text() {
+        return None;
+    }
+    let kind = match spec.schema {
+        Some(Endpoint::ChatCompletions) => Kind::Chat,
+        Some(Endpoint::Completions) => Kind::Completions,
+        _ => return None,
+    };
+    let snap = shard.snapshot();
+    let serves = |w: &&crate::workers::Worker| ctx.model.is_none() || w.model == ctx.model;
+    let model = snap.workers.iter().filter(serves).find(|w| w.healthy).and_then(|w| w.meta.grpc.clone())?;
+    let doc: sonic_rs::Value = sonic_rs::from_slice(body).ok()?;
+    let prepared = request::prepare(kind, &doc, &model).ok()?;
+    Some(Early { doc, model, prepared })
+}
+
+/// From pick (a gRPC worker chosen) to the end of the response, with the retry edge back to
+/// pick while nothing has reached the client.
+// The phases' shared state, passed as the other phases take it.
+#[allow(clippy::too_many_arguments)]
+pub async fn forward(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    spec: &EndpointSpec,
+    body: &Body,
+    failed_on: &mut Vec<WorkerId>,
+    early: Option<Early>,
+) -> Outcome {
+    let kind = match spec.schema {
+        Some(Endpoint::ChatCompletions) => Kind::Chat,
+        Some(Endpoint::Completions) => Kind::Completions,
+        _ => {
+            let msg = format!("{} is not served by gRPC workers", spec.path);
+            return reject(ApiError::new(501, "endpoint_not_supported_on_grpc", msg));
+        }
+    };
+    let (doc, mut prepared) = match early {
+        Some(e) => (e.doc, Some((e.model, e.prepared))),
+        None => match sonic_rs::from_slice(body.bytes(&client.buf)) {
+            Ok(v) => (v, None),
+            Err(e) => return reject(ApiError::bad_request(format!("request body: {e}"))),
+        },
+    };
+    let mut id = response_id(shard, spec.id_prefix);
+    loop {
+        let worker = ctx.chosen.as_ref().expect("picked").worker();
+        let Some(model) = worker.meta.grpc.clone() else {
+            return reject(ApiError::no_available_workers(ctx.model.as_deref()));
+        };
+        let (wid, addr) = (worker.id, worker.url.addr);
+        let (url, authority) = (worker.url.url.clone(), worker.url.authority.clone());
+        // Prepared once per model: another worker of the same model reuses it.
+        if !prepared.as_ref().is_some_and(|(m, _)| Arc::ptr_eq(m, &model)) {
+            match request::prepare(kind, &doc, &model) {
+                Ok(p) => prepared = Some((Arc::clone(&model), p)),
+                Err(e) => return reject(e),
+            }
+        }
+        let (model, prep) = prepared.as_ref().expect("prepared");
+        ctx.attempts += 1;
+        let started = match shard.grpc().ready(wid, addr).await {
+            Ok(send) => {
+                let mut target = Target { id: wid, url, authority, send };
+                match start(&mut target, client, prep, &id).await {
+                    Ok(Some(s)) => Ok((target, s)),
+                    Ok(None) => return Outcome::ClientGone,
+                    Err(s) => Err(s),
+                }
+            }
+            Err(s) => Err(s),
+        };
+        let status = match started {
+            Ok((target, s)) => {
+                return respond(shard, client, head, ctx, kind, model, prep, &id, target, s).await;
+            }
+            Err(s) => s,
+        };
+        let http = status.code.http_status();
+        // Invalid arguments are the request's fault: not counted against the worker.
+        let verdict = if http == 400 { Verdict::Success } else { Verdict::of_status(http) };
+        shard.record_outcome(wid, verdict);
+        if status.message.starts_with("transport") || status.message.starts_with("connect") {
+            shard.grpc().forget(wid);
+        }
+        let retryable = crate::retry::retryable_status(http) && may_retry(shard, ctx);
+        if !retryable {
+            ctx.retries_exhausted = crate::retry::retryable_status(http) && shard.cfg().retry.is_some();
+            return reject(start_failed(&status));
+        }
+        crate::debug!("request {}: gRPC worker {}: {status}; retrying", ctx.id_str(), ctx.worker_url());
+        failed_on.push(wid);
+        ctx.chosen = None;
+        let policy = shard.cfg().retry.expect("may_retry");
+        let unit = (shard.next_random() >> 11) as f64 / (1u64 << 53) as f64;
+        crate::io::sleep(policy.backoff(u32::from(ctx.attempts) + 1, unit)).await;
+        let tokens = prepared.as_ref().and_then(|(_, p)| p.prompts.first()).map(Vec::as_slice);
+        let picked = pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, failed_on, tokens);
+        if let Err(f) = picked {
+            return Outcome::Failed(f);
+        }
+        if !ctx.chosen.as_ref().expect("picked").worker().url.grpc {
+            return reject(start_failed(&status));
+        }
+        // A new engine request id per attempt: the failed one may still be known there.
+        id = response_id(shard, spec.id_prefix);
+    }
+}
+
+fn may_retry(shard: &Shard, ctx: &RequestCtx) -> bool {
+    shard.cfg().retry.is_some_and(|p| u32::from(ctx.attempts) < p.max_attempts)
+}
+
+fn reject(e: ApiError) -> Outcome {
+    Outcome::Failed(Failure::Rejected(e))
+}
+
+/// The engine did not start generation: the status follows the engine's gRPC status.
+fn start_failed(s: &Status) -> ApiError {
+    ApiError::new(s.code.http_status(), "start_generation_failed", format!("Generation failed to start: {s}"))
+}
+
+/// `chatcmpl-` / `cmpl-` and 24 hex digits: the response id, and the engine request id.
+fn response_id(shard: &Shard, prefix: &str) -> String {
+    let mut id = Vec::with_capacity(prefix.len() + 24);
+    id.extend_from_slice(prefix.as_bytes());
+    put_hex_width(&mut id, shard.next_random(), 16);
+    put_hex_width(&mut id, shard.next_random(), 8);
+    String::from_utf8(id).unwrap_or_default()
+}
+
+fn engine_request(prep: &Prepared, rid: String, ids: &[u32]) -> GenerateRequest {
+    GenerateRequest {
+        request_id: rid,
+        tokenized: Some(TokenizedInput { original_text: String::new(), input_ids: ids.to_vec() }),
+        sampling_params: Some(prep.params.clone()),
+        logprob_start_len: -1,
+        stream: prep.stream,
+        ..Default::default()
+    }
+}
+
+/// Sends every engine request and waits for each one's first message, watching the client.
+/// Ok(None): the client left (its requests were aborted).
+async fn start(target: &mut Target, client: &Client, prep: &Prepared, id: &str) -> Result<Option<Started>, Status> {
+    let many = prep.prompts.len() > 1;
+    let mut calls = Vec::with_capacity(prep.prompts.len());
+    for (i, ids) in prep.prompts.iter().enumerate() {
+        let rid = if many { format!("{id}-{i}") } else { id.to_string() };
+        let req = engine_request(prep, rid.clone(), ids);
+        let mut send = target.send.clone().ready().await.map_err(Status::transport)?;
+        // The response head comes at once (the engine answers it before admitting the
+        // request): the client is watched from the first message on.
+        let call = Call::start(&mut send, &target.authority, path::GENERATE, &req).await?;
+        calls.push((rid, call, None));
+    }
+    for i in 0..calls.len() {
+        let first = monoio::select! {
+            m = calls[i].1.next::<GenerateResponse>() => m,
+            closed = peer_closed(&client.stream) => {
+                if closed {
+                    abort_all(target, calls.iter().map(|(r, _, _)| r.clone()));
+                    return Ok(None);
+                }
+                calls[i].1.next::<GenerateResponse>().await
+            }
+        };
+        match first {
+            Some(Ok(m)) => calls[i].2 = Some(m),
+            Some(Err(s)) => return Err(s),
+            None => return Err(Status::new(Code::INTERNAL, "the engine ended the call without a message")),
+        }
+    }
+    Ok(Some(Started { calls }))
+}
+
+/// Abort RPCs for `rids`, sent from a task of their own (the request is over for us).
+fn abort_all(target: &Target, rids: impl Iterator<Item = String>) {
+    for rid in rids {
+        let send = target.send.clone();
+        let authority = target.authority.clone();
+        monoio::spawn(async move {
+            let Ok(mut send) = send.ready().await else { return };
+            let req = AbortRequest { request_id: rid, reason: "client disconnected".into() };
+            let _ = conn::unary::<_, AbortResponse>(&mut send, &authority, path::ABORT, &req).await;
+        });
+    }
+}
+
+/// One choice's progress.
+struct ChoiceState<'a> {
+    decoder: IncrementalDecoder<'a>,
+    stop: StopMatcher<'a>,
+    text: String,
+    finish: Option<String>,
+    completion: u64,
+    reasoning: u64,
+    role_sent: bool,
+    /// The engine sent this sample's GenerateComplete.
+    engine_done: bool,
+}
+
+impl ChoiceState<'_> {
+    /// Decodes `ids` and returns the text that is certain (a possible stop string's start
+    /// is held back; nothing after a stop string comes out).
+    fn feed(&mut self, ids: &[u32]) -> String {
+        let mut piece = String::new();
+        let mut emit = String::new();
+        for &t in ids {
+            piece.clear();
+            self.decoder.step(t, &mut piece);
+            if self.stop.push(&piece, &mut emit) {
+                break;
+            }
+        }
+        emit
+    }
+
+    /// The sample ended: what the decoder and the stop matcher still hold.
+    fn end(&mut self, emit: &mut String) {
+        if self.stop.stopped() {
+            return;
+        }
+        let mut piece = String::new();
+        self.decoder.finish(&mut piece);
+        self.stop.push(&piece, emit);
+        self.stop.finish(emit);
+    }
+}
+
+/// Per engine request: the prompt's counters (shared by its samples).
+#[derive(Default, Clone, Copy)]
+struct PromptCounts {
+    prompt: u64,
+    cached: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn respond(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    kind: Kind,
+    model: &GrpcModel,
+    prep: &Prepared,
+    id: &str,
+    target: Target,
+    started: Started,
+) -> Outcome {
+    let n = prep.n as usize;
+    let total = n * prep.prompts.len();
+    let tok = &model.tokenizer;
+    let mut choices: Vec<ChoiceState<'_>> = (0..total)
+        .map(|_| ChoiceState {
+            decoder: tok.decoder(prep.skip_special),
+            stop: StopMatcher::new(&prep.stop, prep.no_stop_trim),
+            text: String::new(),
+            finish: None,
+            completion: 0,
+            reasoning: 0,
+            role_sent: false,
+            engine_done: false,
+        })
+        .collect();
+    let mut counts = vec![PromptCounts::default(); prep.prompts.len()];
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let model_name = ctx.model.clone().unwrap_or_default();
+    let meta = Meta { kind, id, created, model: &model_name };
+    let mut out = Stream::new(ctx, head, prep.stream, &target.url, &shard.date());
+    let mut failure: Option<Status> = None;
+    let mut gone = false;
+    let mut watch = true;
+    for (p, (rid, mut call, first)) in started.calls.into_iter().enumerate() {
+        let mut next = first;
+        loop {
+            let msg = match next.take() {
+                Some(m) => m,
+                None if watch => {
+                    monoio::select! {
+                        m = call.next::<GenerateResponse>() => match m {
+                            Some(Ok(m)) => m,
+                            Some(Err(s)) => { failure = Some(s); break; }
+                            None => break,
+                        },
+                        closed = peer_closed(&client.stream) => {
+                            if closed {
+                                gone = true;
+                                abort_all(&target, std::iter::once(rid.clone()));
+                                break;
+                            }
+                            watch = false;
+                            continue;
+                        }
+                    }
+                }
+                None => match call.next::<GenerateResponse>().await {
+                    Some(Ok(m)) => m,
+                    Some(Err(s)) => {
+                        failure = Some(s);
+                        break;
+                    }
+                    None => break,
+                },
+            };
+            let mut events = Vec::new();
+            let update = match msg.response {
+                Some(generate_response::Response::Chunk(c)) => {
+                    counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
+                    let i = p * n + c.index as usize;
+                    let Some(st) = choices.get_mut(i).filter(|st| st.finish.is_none()) else { continue };
+                    st.completion = c.completion_tokens as u64;
+                    st.reasoning = c.reasoning_tokens as u64;
+                    let text = st.feed(&c.token_ids);
+                    if st.stop.stopped() {
+                        st.finish = Some("stop".into());
+                    }
+                    Some((i, text))
+                }
+                Some(generate_response::Response::Complete(c)) => {
+                    counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
+                    let i = p * n + c.index as usize;
+                    let Some(st) = choices.get_mut(i) else { continue };
+                    st.completion = c.completion_tokens as u64;
+                    st.reasoning = c.reasoning_tokens as u64;
+                    st.engine_done = true;
+                    if st.finish.is_some() {
+                        continue;
+                    }
+                    // Streaming: the tokens came in chunks; the whole output otherwise.
+                    let mut text = if prep.stream { String::new() } else { st.feed(&c.output_ids) };
+                    st.end(&mut text);
+                    if st.stop.stopped() {
+                        st.finish = Some("stop".into());
+                    } else {
+                        match reply::finish_reason(&c.finish_reason) {
+                            Some(f) => st.finish = Some(f.to_string()),
+                            None => {
+                                failure = Some(Status::new(Code::INTERNAL, "the engine finished with an error"));
+                                break;
+                            }
+                        }
+                    }
+                    Some((i, text))
+                }
+                None => None,
+            };
+            let Some((i, text)) = update else { continue };
+            if prep.stream {
+                let usage = prep.continuous_usage.then(|| usage_of(&choices, &counts));
+                let st = &mut choices[i];
+                let role = kind == Kind::Chat && !st.role_sent;
+                st.role_sent = true;
+                if role {
+                    reply::chunk(&mut events, &meta, i as u32, true, None, None, usage.as_ref());
+                }
+                if !text.is_empty() || st.finish.is_some() {
+                    let t = (!text.is_empty()).then_some(text.as_str());
+                    reply::chunk(&mut events, &meta, i as u32, false, t, st.finish.as_deref(), usage.as_ref());
+                }
+            } else {
+                choices[i].text.push_str(&text);
+            }
+            // Every sample of this engine request is done (stop strings found by the gateway
+            // before the engine's own end): the engine need not go on.
+            let all_done = choices[p * n..(p + 1) * n].iter().all(|s| s.finish.is_some());
+            if all_done && !choices[p * n..(p + 1) * n].iter().all(|s| s.engine_done) {
+                abort_all(&target, std::iter::once(rid.clone()));
+                if !out.send(client, &events).await {
+                    gone = true;
+                }
+                break;
+            }
+            if !events.is_empty() && !out.send(client, &events).await {
+                gone = true;
+                abort_all(&target, std::iter::once(rid.clone()));
+                break;
+            }
+        }
+        if gone || failure.is_some() {
+            break;
+        }
+    }
+    let usage = usage_of(&choices, &counts);
+    if gone {
+        shard.record_outcome(target.id, Verdict::Success);
+        return Outcome::ClientGone;
+    }
+    if let Some(s) = &failure {
+        shard.record_outcome(target.id, Verdict::Failure);
+        if !out.head_sent {
+            // Nothing reached the client: an ordinary error answer.
+            return reject(ApiError::new(s.code.http_status(), "generation_failed", format!("Generation failed: {s}")));
+        }
+        let mut events = Vec::new();
+        reply::error_event(&mut events, &format!("Stream error: {s}"));
+        events.extend_from_slice(reply::DONE);
+        out.send(client, &events).await;
+        return out.finish(client, ctx, usage, RelayEnd::Worker { why: "gRPC stream failed", sent: true }).await;
+    }
+    if choices.iter().any(|c| c.finish.is_none()) {
+        // The engine ended a call before finishing every sample.
+        shard.record_outcome(target.id, Verdict::Failure);
+        let s = Status::new(Code::INTERNAL, "the engine ended the stream before every choice finished");
+        if !out.head_sent {
+            return reject(ApiError::new(500, "generation_failed", format!("Generation failed: {s}")));
+        }
+        let mut events = Vec::new();
+        reply::error_event(&mut events, &format!("Stream error: {s}"));
+        events.extend_from_slice(reply::DONE);
+        out.send(client, &events).await;
+        return out.finish(client, ctx, usage, RelayEnd::Worker { why: "gRPC stream incomplete", sent: true }).await;
+    }
+    shard.record_outcome(target.id, Verdict::Success);
+    if let Some(r) = ctx.reservation.take() {
+        r.settle(usage.total());
+    }
+    if prep.stream {
+        let mut events = Vec::new();
+        if prep.include_usage {
+            reply::usage_chunk(&mut events, &meta, &usage);
+        }
+        events.extend_from_slice(reply::DONE);
+        if !out.send(client, &events).await {
+            return Outcome::ClientGone;
+        }
+    } else {
+        let list: Vec<Choice<'_>> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Choice {
+                index: i as u32,
+                text: &c.text,
+                finish_reason: c.finish.as_deref().unwrap_or("stop"),
+            })
+            .collect();
+        let body = reply::full(&meta, &list, &usage);
+        out.whole(body);
+    }
+    out.finish(client, ctx, usage, RelayEnd::Done { reusable: false }).await
+}
+
+fn usage_of(choices: &[ChoiceState<'_>], counts: &[PromptCounts]) -> Usage {
+    Usage {
+        prompt: counts.iter().map(|c| c.prompt).sum(),
+        cached: counts.iter().map(|c| c.cached).sum(),
+        completion: choices.iter().map(|c| c.completion).sum(),
+        reasoning: choices.iter().map(|c| c.reasoning).sum(),
+    }
+}
+
+/// The client side of the response: a streamed SSE body (chunked, or close-delimited for
+/// HTTP/1.0) written as events come, or one JSON body.
+struct Stream {
+    head: Vec<u8>,
+    head_sent: bool,
+    streaming: bool,
+    raw: bool,
+    close: bool,
+    bytes: u64,
+    first_byte: Option<std::time::Instant>,
+    body: Option<Vec<u8>>,
+}
+
+impl Stream {
+    fn new(ctx: &RequestCtx, head: &RequestHead, streaming: bool, worker_url: &str, date: &[u8]) -> Self {
+        let raw = streaming && ctx.http10;
+        let close = announce_close(ctx, Some(head)) || raw;
+        let mut h = Vec::with_capacity(256);
+        status_line(&mut h, 200);
+        if streaming {
+            h.extend_from_slice(b"content-type: text/event-stream\r\ncache-control: no-cache\r\n");
+            if !raw {
+                h.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            }
+        } else {
+            h.extend_from_slice(b"content-type: application/json\r\n");
+        }
+        header_line(&mut h, b"x-smg-routed-worker-id", worker_url.as_bytes());
+        Stamp { request_id: &ctx.request_id, date, close, http10: ctx.http10 }.write(&mut h);
+        Stream { head: h, head_sent: false, streaming, raw, close, bytes: 0, first_byte: None, body: None }
+    }
+
+    /// Writes SSE `events` (with the head first time); false when the client is gone.
+    async fn send(&mut self, client: &mut Client, events: &[u8]) -> bool {
+        if !self.streaming || events.is_empty() {
+            return true;
+        }
+        let mut buf = Vec::with_capacity(events.len() + 16 + if self.head_sent { 0 } else { self.head.len() + 2 });
+        if !self.head_sent {
+            buf.extend_from_slice(&self.head);
+            buf.extend_from_slice(b"\r\n");
+            self.head_sent = true;
+            self.first_byte = Some(std::time::Instant::now());
+        }
+        if self.raw {
+            buf.extend_from_slice(events);
+        } else {
+            put_chunk(&mut buf, events);
+        }
+        write(&mut client.stream, buf, &mut self.bytes).await
+    }
+
+    fn whole(&mut self, body: Vec<u8>) {
+        self.body = Some(body);
+    }
+
+    /// Ends the response (the last chunk, or the JSON body) and tells `finish` about it.
+    async fn finish(mut self, client: &mut Client, ctx: &mut RequestCtx, usage: Usage, end: RelayEnd) -> Outcome {
+        ctx.status = 200;
+        let mut buf = Vec::new();
+        if let Some(body) = self.body.take() {
+            buf.extend_from_slice(&self.head);
+            buf.extend_from_slice(b"content-length: ");
+            smg_wire::num::put_dec(&mut buf, body.len() as u64);
+            buf.extend_from_slice(b"\r\n\r\n");
+            buf.extend_from_slice(&body);
+            self.first_byte = Some(std::time::Instant::now());
+        } else if self.streaming && !self.raw && self.head_sent {
+            buf.extend_from_slice(b"0\r\n\r\n");
+        }
+        let ok = buf.is_empty() || write(&mut client.stream, buf, &mut self.bytes).await;
+        let end = if ok { end } else { RelayEnd::ClientGone };
+        let stats = RelayStats {
+            first_byte: self.first_byte,
+            bytes: self.bytes,
+            close_delimited: self.raw || self.close,
+            usage: UsageScan { on: true, prompt: Some(usage.prompt), completion: Some(usage.completion) },
+            ..RelayStats::default()
+        };
+        Outcome::Relayed { end, stats }
+    }
+}
+
+fn put_chunk(out: &mut Vec<u8>, data: &[u8]) {
+    let mut n = Vec::with_capacity(8);
+    put_hex_width(&mut n, data.len() as u64, 8);
+    let start = n.iter().position(|&b| b != b'0').unwrap_or(n.len() - 1);
+    out.extend_from_slice(&n[start..]);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+async fn write(stream: &mut TcpStream, buf: Vec<u8>, bytes: &mut u64) -> bool {
+    let len = buf.len() as u64;
+    let (res, _) = write_all(stream, buf).await;
+    if res.is_ok() {
+        *bytes += len;
+    }
+    res.is_ok()
+}

@@ -1,0 +1,226 @@
+//! gRPC exchanges of the control thread with `grpc://` workers (SGLang's scheduler API):
+//! HealthCheck as the health check, GetModelInfo + GetServerInfo (+ GetTokenizer) as
+//! discovery, GetLoads for the load monitor. They run on the control thread's tokio runtime
+//! (h2 needs an executor for its connection task; shards never run this code), each with a
+//! connection of its own and one deadline, like the HTTP probes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use prost::Message;
+use smg_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
+use smg_proto::paths::sglang_scheduler as path;
+use smg_proto::scheduler::{
+    GetLoadsRequest, GetLoadsResponse, GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest,
+    GetServerInfoResponse, HealthCheckRequest, HealthCheckResponse,
+};
+use tokio::net::TcpStream;
+
+use super::fleet::Discovery;
+use super::snapshot::Runtime;
+use super::WorkerUrl;
+use crate::grpc::model::{GrpcModel, SamplingDefaults, TokenizerSource};
+use crate::grpc::wire::{self, Code, Deframer, Status};
+use crate::routing::EngineLoad;
+use crate::tokenizer::Tokenizer;
+
+async fn connect(url: &WorkerUrl) -> Result<SendRequest<Bytes>, Status> {
+    let tcp = TcpStream::connect(url.addr).await.map_err(Status::transport)?;
+    let _ = tcp.set_nodelay(true);
+    let (send, conn) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(16 << 20)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .map_err(Status::transport)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(send)
+}
+
+/// One call: the request message out, every response message back (one for a unary call).
+async fn call<Req: Message, Resp: Message + Default>(
+    send: &mut SendRequest<Bytes>,
+    url: &WorkerUrl,
+    method: &str,
+    req: &Req,
+) -> Result<Vec<Resp>, Status> {
+    let mut ready = send.clone().ready().await.map_err(Status::transport)?;
+    let (resp, mut body) =
+        ready.send_request(wire::request(&url.authority, method), false).map_err(Status::transport)?;
+    body.send_data(wire::frame(req), true).map_err(Status::transport)?;
+    let resp = resp.await.map_err(Status::transport)?;
+    if let Some(Err(s)) = wire::status_of(resp.headers()) {
+        return Err(s);
+    }
+    let mut recv = resp.into_body();
+    let mut frames = Deframer::default();
+    let mut out = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.map_err(Status::transport)?;
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        frames.push(&chunk);
+        while let Some(m) = frames.next_message::<Resp>() {
+            out.push(m?);
+        }
+    }
+    match recv.trailers().await.map_err(Status::transport)?.as_ref().and_then(wire::status_of) {
+        Some(Err(s)) => Err(s),
+        _ if frames.pending() > 0 => Err(Status::new(Code::INTERNAL, "stream ended inside a message")),
+        _ => Ok(out),
+    }
+}
+
+async fn unary<Req: Message, Resp: Message + Default>(
+    send: &mut SendRequest<Bytes>,
+    url: &WorkerUrl,
+    method: &str,
+    req: &Req,
+) -> Result<Resp, Status> {
+    call(send, url, method, req).await?.pop().ok_or_else(|| Status::new(Code::INTERNAL, "no response message"))
+}
+
+async fn within<T>(timeout: Duration, f: impl std::future::Future<Output = Result<T, Status>>) -> Result<T, Status> {
+    tokio::time::timeout(timeout, f)
+        .await
+        .unwrap_or_else(|_| Err(Status::new(Code::DEADLINE_EXCEEDED, "no answer within the health-check timeout")))
+}
+
+/// The health check: HealthCheck answers `healthy: true`.
+pub async fn health(url: &WorkerUrl, timeout: Duration) -> Result<bool, Status> {
+    within(timeout, async {
+        let mut send = connect(url).await?;
+        let r: HealthCheckResponse = unary(&mut send, url, path::HEALTH_CHECK, &HealthCheckRequest {}).await?;
+        Ok(r.healthy)
+    })
+    .await
+}
+
+/// GetLoads as the load monitor's figures: requests (running + waiting) and waiting summed
+/// over the ranks, and their mean KV token usage.
+pub async fn loads(url: &WorkerUrl, timeout: Duration) -> Option<EngineLoad> {
+    let r: GetLoadsResponse = within(timeout, async {
+        let mut send = connect(url).await?;
+        unary(&mut send, url, path::GET_LOADS, &GetLoadsRequest { dp_rank: None, include: Vec::new() }).await
+    })
+    .await
+    .ok()?;
+    if r.loads.is_empty() {
+        return None;
+    }
+    let mut l = EngineLoad { total: 0, waiting: 0, token_usage: None };
+    for s in &r.loads {
+        let total = if s.num_total_reqs > 0 { s.num_total_reqs } else { s.num_running_reqs + s.num_waiting_reqs };
+        l.total += total.max(0) as u64;
+        l.waiting += s.num_waiting_reqs.max(0) as u64;
+    }
+    l.token_usage = Some(r.loads.iter().map(|s| s.token_usage).sum::<f64>() / r.loads.len() as f64);
+    Some(l)
+}
+
+/// Registration of a gRPC worker: the model (served_model_name, else model_path), the
+/// batch capacity from server_args, and the tokenizer — the operator's path, else the
+/// advertised tokenizer_path when it is a local directory, else the engine's GetTokenizer
+/// bundle. None until all of it succeeded: the worker is not routable before its tokenizer
+/// is loaded.
+pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &TokenizerSource) -> Option<Discovery> {
+    let found = within(timeout, async {
+        let mut send = connect(url).await?;
+        let info: GetModelInfoResponse = unary(&mut send, url, path::GET_MODEL_INFO, &GetModelInfoRequest {}).await?;
+        let server: Option<GetServerInfoResponse> =
+            unary(&mut send, url, path::GET_SERVER_INFO, &GetServerInfoRequest {}).await.ok();
+        let bundle = if source.path.is_none() && !Path::new(&info.tokenizer_path).is_dir() {
+            let chunks: Vec<GetTokenizerChunk> =
+                call(&mut send, url, path::GET_TOKENIZER, &GetTokenizerRequest {}).await?;
+            Some(chunks)
+        } else {
+            None
+        };
+        Ok((info, server, bundle))
+    })
+    .await;
+    let (info, server, bundle) = match found {
+        Ok(f) => f,
+        Err(e) => {
+            crate::debug!("worker {}: gRPC discovery: {e}", url.url);
+            return None;
+        }
+    };
+    let model = [&info.served_model_name, &info.model_path].into_iter().find(|s| !s.is_empty())?.clone();
+    let tokenizer = match tokenizer(&info, source, bundle).await {
+        Ok(t) => t,
+        Err(e) => {
+            crate::warn!("worker {}: tokenizer not loaded: {e}", url.url);
+            return None;
+        }
+    };
+    let defaults_json = [&info.default_sampling_params_json, &info.preferred_sampling_params]
+        .into_iter()
+        .find(|s| !s.trim().is_empty())
+        .cloned()
+        .unwrap_or_default();
+    let max_running = server.as_ref().and_then(|s| s.server_args.as_ref()).and_then(|a| {
+        match a.fields.get("max_running_requests")?.kind.as_ref()? {
+            prost_types::value::Kind::NumberValue(n) if *n >= 1.0 => Some(*n as u64),
+            _ => None,
+        }
+    });
+    let grpc = GrpcModel {
+        tokenizer,
+        max_context: u32::try_from(info.max_context_length).ok().filter(|&n| n > 0),
+        eos_ids: info.eos_token_ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect(),
+        supports_vision: info.supports_vision,
+        defaults: SamplingDefaults::parse(&defaults_json),
+    };
+    Some(Discovery { model, runtime: Runtime::Sglang, dp_size: None, max_running, grpc: Some(Arc::new(grpc)) })
+}
+
+/// Tokenizers by where they came from, so the workers of one model share one (and a
+/// re-registration does not load it again while any worker holds it).
+fn loaded() -> &'static Mutex<HashMap<String, Weak<Tokenizer>>> {
+    static LOADED: std::sync::OnceLock<Mutex<HashMap<String, Weak<Tokenizer>>>> = std::sync::OnceLock::new();
+    LOADED.get_or_init(Default::default)
+}
+
+async fn tokenizer(
+    info: &GetModelInfoResponse,
+    source: &TokenizerSource,
+    bundle: Option<Vec<GetTokenizerChunk>>,
+) -> Result<Arc<Tokenizer>, String> {
+    let (key, job): (String, Box<dyn FnOnce() -> Result<Tokenizer, String> + Send>) = match (&source.path, bundle) {
+        (Some(p), _) => {
+            let p = p.clone();
+            (format!("path:{}", p.display()), Box::new(move || Tokenizer::load(&p)))
+        }
+        (None, None) => {
+            let p = PathBuf::from(&info.tokenizer_path);
+            (format!("path:{}", p.display()), Box::new(move || Tokenizer::load(&p)))
+        }
+        (None, Some(chunks)) => {
+            let sha = chunks.iter().rev().map(|c| c.sha256.clone()).find(|s| !s.is_empty()).unwrap_or_default();
+            let zip: Vec<u8> = chunks.into_iter().flat_map(|c| c.data).collect();
+            let key = format!(
+                "bundle:{}:{}",
+                info.model_path,
+                if sha.is_empty() { zip.len().to_string() } else { sha.clone() }
+            );
+            (key, Box::new(move || crate::grpc::bundle::load(&zip, &sha)))
+        }
+    };
+    if let Some(t) = loaded().lock().ok().and_then(|m| m.get(&key).and_then(Weak::upgrade)) {
+        return Ok(t);
+    }
+    // Building a tokenizer takes tens of milliseconds for a real vocabulary: off the loop,
+    // so other workers' probes keep their schedule.
+    let t = Arc::new(tokio::task::spawn_blocking(job).await.map_err(|e| e.to_string())??);
+    if let Ok(mut m) = loaded().lock() {
+        m.retain(|_, w| w.strong_count() > 0);
+        m.insert(key, Arc::downgrade(&t));
+    }
+    Ok(t)
+}

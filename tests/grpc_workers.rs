@@ -1,0 +1,418 @@
+//! gRPC workers (`grpc://`, SGLang's scheduler API) through the real binary, against the
+//! simulated scheduler (`smg-sim --grpc`) in this process: registration and readiness, the
+//! gateway's own tokenization, detokenization and OpenAI responses, aborts and engine errors.
+
+mod support;
+
+use std::time::Duration;
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::sim::Sim;
+use support::*;
+
+const MODEL: &str = "sim-model";
+
+fn gateway(legacy: bool, sims: &[&Sim], extra: &[&str]) -> Gateway {
+    let urls: Vec<String> = sims.iter().map(|s| s.grpc_url()).collect();
+    let mut args: Vec<&str> = vec!["--worker-urls"];
+    args.extend(urls.iter().map(String::as_str));
+    args.extend_from_slice(&["--cores", "2", "--health-check-interval-secs", "1"]);
+    args.extend_from_slice(extra);
+    let gw = Gateway::start(legacy, &args);
+    gw.ready_workers(sims.len());
+    gw
+}
+
+#[test]
+fn grpc_workers_register_with_their_model_and_tokenizer() {
+    both_drivers(|legacy| {
+        // One advertises a local tokenizer directory, the other a path the gateway cannot
+        // read: its tokenizer comes over GetTokenizer.
+        let local = Sim::start(MODEL, &["--grpc"]);
+        let remote = Sim::start(MODEL, &["--grpc", "--advertise-tokenizer-path", "/nonexistent/sim-model"]);
+        let gw = gateway(legacy, &[&local, &remote], &[]);
+        let workers = get(gw.port, "/workers").json();
+        let list = workers["workers"].as_array().expect("workers");
+        assert_eq!(list.len(), 2, "{workers:?}");
+        for w in list.iter() {
+            assert_eq!(w["connection_mode"].as_str(), Some("grpc"), "{w:?}");
+            assert_eq!(w["runtime_type"].as_str(), Some("sglang"));
+            assert_eq!(w["model_id"].as_str(), Some(MODEL));
+            assert_eq!(w["is_healthy"].as_bool(), Some(true));
+            assert!(w["url"].as_str().unwrap().starts_with("grpc://127.0.0.1:"));
+        }
+        let rpcs = |s: &Sim| s.stats()["grpc"]["rpcs"].clone();
+        assert!(rpcs(&remote)["GetTokenizer"].as_u64().unwrap_or(0) >= 1, "{:?}", rpcs(&remote));
+        assert!(rpcs(&local)["GetTokenizer"].as_u64().is_none(), "{:?}", rpcs(&local));
+        assert!(rpcs(&local)["HealthCheck"].as_u64().unwrap_or(0) >= 1);
+        let models = get(gw.port, "/v1/models").json();
+        assert_eq!(models["data"][0]["id"].as_str(), Some(MODEL));
+    });
+}
+
+use smg_loadtest::sim::grpc::generate::{seed_of, token_at};
+use smg_loadtest::sim::grpc::tokenizer::token_text;
+
+/// What the simulator says for engine request `rid`, sample `index`: `words` whole words.
+fn sim_text(rid: &str, index: u32, words: u32) -> String {
+    (0..words).map(|k| token_text(token_at(seed_of(rid), index, k))).collect()
+}
+
+fn chat(extra: &str) -> String {
+    format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"Say something"}}]{extra}}}"#)
+}
+
+fn completion(prompt: &str, extra: &str) -> String {
+    format!(r#"{{"model":"{MODEL}","prompt":{prompt}{extra}}}"#)
+}
+
+/// The `data:` payloads of an SSE body, `[DONE]` included.
+fn events(r: &Response) -> Vec<String> {
+    r.text().split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+fn json_events(r: &Response) -> Vec<sonic_rs::Value> {
+    let ev = events(r);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{}", r.text());
+    ev[..ev.len() - 1].iter().map(|e| sonic_rs::from_str(e).unwrap_or_else(|_| panic!("event {e}"))).collect()
+}
+
+/// Streamed text per choice index, and the finish reasons.
+fn streamed(evs: &[sonic_rs::Value], chat: bool) -> (Vec<String>, Vec<Option<String>>) {
+    let mut text: Vec<String> = Vec::new();
+    let mut fin: Vec<Option<String>> = Vec::new();
+    for e in evs {
+        for c in e["choices"].as_array().unwrap().iter() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if text.len() <= i {
+                text.resize(i + 1, String::new());
+                fin.resize(i + 1, None);
+            }
+            let piece = if chat { c["delta"]["content"].as_str() } else { c["text"].as_str() };
+            text[i].push_str(piece.unwrap_or(""));
+            if let Some(f) = c["finish_reason"].as_str() {
+                fin[i] = Some(f.to_string());
+            }
+        }
+    }
+    (text, fin)
+}
+
+const FAST: &[&str] = &["--grpc", "--ttft-ms", "0", "--itl-ms", "0", "--output-tokens", "6"];
+
+#[test]
+fn chat_and_completions_text_is_what_the_engine_tokens_decode_to() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        // Non-streaming chat: 5 words and the stop token.
+        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(sim.grpc_url().as_str()));
+        let v = r.json();
+        let id = v["id"].as_str().unwrap().to_string();
+        assert!(id.starts_with("chatcmpl-"), "{id}");
+        assert_eq!(v["object"].as_str(), Some("chat.completion"));
+        assert_eq!(v["model"].as_str(), Some(MODEL));
+        assert!(v.get("system_fingerprint").is_none());
+        let c = &v["choices"][0];
+        assert_eq!(c["message"]["content"].as_str(), Some(sim_text(&id, 0, 5).as_str()));
+        assert_eq!(c["finish_reason"].as_str(), Some("stop"));
+        let u = &v["usage"];
+        assert_eq!(u["completion_tokens"].as_u64(), Some(6), "the stop token counts: {u:?}");
+        let prompt = u["prompt_tokens"].as_u64().unwrap();
+        assert!(prompt > 3, "the ChatML prompt: {u:?}");
+        assert_eq!(u["total_tokens"].as_u64(), Some(prompt + 6));
+        assert!(u["prompt_tokens_details"]["cached_tokens"].as_u64().is_some());
+        // What the engine got: token ids and explicit sampling values under the model's defaults.
+        let last = sim.stats()["grpc"]["last_generate"].clone();
+        assert_eq!(last["request_id"].as_str(), Some(id.as_str()));
+        assert_eq!(last["input_tokens"].as_u64(), Some(prompt));
+        assert!((last["temperature"].as_f64().unwrap() - 0.7).abs() < 1e-6, "{last:?}");
+        assert_eq!(last["top_k"].as_i64(), Some(20));
+        assert!((last["repetition_penalty"].as_f64().unwrap() - 1.0).abs() < 1e-6);
+        assert_eq!(last["skip_special_tokens"].as_bool(), Some(true));
+        assert!(last["max_new_tokens"].is_null());
+
+        // The client's values win; max_completion_tokens is the engine's max_new_tokens.
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","temperature":0.2,"max_completion_tokens":3"#), &[]);
+        let v = r.json();
+        let id = v["id"].as_str().unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(sim_text(id, 0, 3).as_str()));
+        assert_eq!(v["choices"][0]["finish_reason"].as_str(), Some("length"));
+        let last = sim.stats()["grpc"]["last_generate"].clone();
+        assert!((last["temperature"].as_f64().unwrap() - 0.2).abs() < 1e-6);
+        assert_eq!(last["max_new_tokens"].as_u64(), Some(3));
+
+        // Streaming chat, with usage (and continuous usage) chunks.
+        let body = chat(r#","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}"#);
+        let r = post(gw.port, "/v1/chat/completions", &body, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
+        let evs = json_events(&r);
+        let id = evs[0]["id"].as_str().unwrap().to_string();
+        assert_eq!(evs[0]["choices"][0]["delta"]["role"].as_str(), Some("assistant"));
+        assert!(evs
+            .iter()
+            .all(|e| e["object"].as_str() == Some("chat.completion.chunk") && e["id"].as_str() == Some(&id)));
+        let (text, fin) = streamed(&evs, true);
+        assert_eq!(text, [sim_text(&id, 0, 5)]);
+        assert_eq!(fin, [Some("stop".to_string())]);
+        let last = evs.last().unwrap();
+        assert!(last["choices"].as_array().unwrap().is_empty());
+        assert_eq!(last["usage"]["completion_tokens"].as_u64(), Some(6));
+        assert!(evs[1]["usage"]["completion_tokens"].as_u64().is_some(), "continuous usage: {:?}", evs[1]);
+
+        // Completions, non-streaming and streaming; each prompt of an array its own request.
+        let r = post(gw.port, "/v1/completions", &completion(r#""Once upon a time""#, ""), &[]);
+        let v = r.json();
+        let id = v["id"].as_str().unwrap();
+        assert!(id.starts_with("cmpl-"), "{id}");
+        assert_eq!(v["object"].as_str(), Some("text_completion"));
+        assert_eq!(v["choices"][0]["text"].as_str(), Some(sim_text(id, 0, 5).as_str()));
+        let r = post(gw.port, "/v1/completions", &completion(r#""Once""#, r#","stream":true"#), &[]);
+        let evs = json_events(&r);
+        let id = evs[0]["id"].as_str().unwrap().to_string();
+        assert_eq!(streamed(&evs, false).0, [sim_text(&id, 0, 5)]);
+        let before = sim.served();
+        let r = post(gw.port, "/v1/completions", &completion(r#"["one","two"]"#, r#","max_tokens":2"#), &[]);
+        let v = r.json();
+        let id = v["id"].as_str().unwrap();
+        assert_eq!(sim.served() - before, 2, "one engine request per prompt");
+        for i in 0..2u32 {
+            let c = &v["choices"][i as usize];
+            assert_eq!(c["index"].as_u64(), Some(i as u64));
+            assert_eq!(c["text"].as_str(), Some(sim_text(&format!("{id}-{i}"), 0, 2).as_str()));
+        }
+        assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(4));
+    });
+}
+
+#[test]
+fn stop_strings_and_multibyte_characters_split_across_tokens() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        // One byte token per byte: "é", "ö" and "😀" each span several tokens, and so does "END".
+        let said = "héllo wörld 😀 END and then more";
+        let output = format!(r#","custom_params":{{"sim_output":"{said}"}}"#);
+        let r = post(gw.port, "/v1/chat/completions", &chat(&output), &[]);
+        assert_eq!(r.json()["choices"][0]["message"]["content"].as_str(), Some(said));
+        for stream in [false, true] {
+            let extra = format!(r#"{output},"stop":["END"],"stream":{stream}"#);
+            let r = post(gw.port, "/v1/chat/completions", &chat(&extra), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            let (text, fin) = if stream {
+                let evs = json_events(&r);
+                // Every delta is whole characters (a split one would not be valid JSON text
+                // equal to the original when joined).
+                streamed(&evs, true)
+            } else {
+                let v = r.json();
+                let c = &v["choices"][0];
+                (
+                    vec![c["message"]["content"].as_str().unwrap().to_string()],
+                    vec![c["finish_reason"].as_str().map(String::from)],
+                )
+            };
+            assert_eq!(text, ["héllo wörld 😀 "], "stream {stream}");
+            assert_eq!(fin, [Some("stop".to_string())]);
+        }
+        // no_stop_trim keeps the stop string; a completions stream splits the same way.
+        let extra = format!(r#"{output},"stop":"END","no_stop_trim":true"#);
+        let v = post(gw.port, "/v1/chat/completions", &chat(&extra), &[]).json();
+        assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some("héllo wörld 😀 END"));
+        let extra = format!(r#"{output},"stop":["wör"],"stream":true"#);
+        let r = post(gw.port, "/v1/completions", &completion(r#""x""#, &extra), &[]);
+        assert_eq!(streamed(&json_events(&r), false).0, ["héllo "]);
+    });
+}
+
+#[test]
+fn n_choices_come_back_by_index() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        let v = post(gw.port, "/v1/chat/completions", &chat(r#","n":3"#), &[]).json();
+        let id = v["id"].as_str().unwrap();
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3);
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"].as_u64(), Some(i as u64));
+            assert_eq!(c["message"]["content"].as_str(), Some(sim_text(id, i as u32, 5).as_str()));
+        }
+        assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(18));
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","n":3,"stream":true"#), &[]);
+        let evs = json_events(&r);
+        let id = evs[0]["id"].as_str().unwrap().to_string();
+        let (text, fin) = streamed(&evs, true);
+        assert_eq!(text, (0..3).map(|i| sim_text(&id, i, 5)).collect::<Vec<_>>());
+        assert!(fin.iter().all(|f| f.as_deref() == Some("stop")));
+        assert_eq!(sim.stats()["grpc"]["last_generate"]["n"].as_u64(), Some(3));
+    });
+}
+
+#[test]
+fn a_client_that_leaves_mid_generation_gets_its_request_aborted() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, &["--grpc", "--ttft-ms", "0", "--itl-ms", "40", "--output-tokens", "500"]);
+        let gw = gateway(legacy, &[&sim], &[]);
+        for stream in [true, false] {
+            let before = sim.stats()["grpc"]["aborts"].as_u64().unwrap_or(0);
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+            use std::io::{Read, Write};
+            let body = chat(&format!(r#","stream":{stream}"#));
+            s.write_all(post_bytes("/v1/chat/completions", &body, &[]).as_bytes()).unwrap();
+            if stream {
+                // The first event arrived: generation is under way.
+                let mut got = [0u8; 512];
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                assert!(s.read(&mut got).unwrap() > 0);
+            } else {
+                assert!(wait_until(Duration::from_secs(10), || sim.stats()["grpc"]["in_flight"].as_u64() == Some(1)));
+            }
+            drop(s);
+            let left = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+            assert!(
+                wait_until(Duration::from_secs(5), || sim.stats()["grpc"]["aborts"].as_u64().unwrap_or(0) > before),
+                "no Abort RPC (stream {stream}): {:?}",
+                sim.stats()["grpc"]
+            );
+            let g = sim.stats()["grpc"].clone();
+            let at = g["abort_unix_ms"].as_array().unwrap().iter().last().unwrap().as_u64().unwrap();
+            assert!(at.saturating_sub(left) <= 100, "Abort {} ms after the client left (stream {stream})", at - left);
+            assert!(g["abort_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .last()
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .starts_with("chatcmpl-"));
+        }
+    });
+}
+
+#[test]
+fn engine_errors_before_the_first_token_are_mapped_statuses() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &["--disable-retries"]);
+        let cases = [
+            ("INVALID_ARGUMENT", 400),
+            ("RESOURCE_EXHAUSTED", 429),
+            ("UNAVAILABLE", 503),
+            ("DEADLINE_EXCEEDED", 504),
+            ("INTERNAL", 500),
+        ];
+        for (code, status) in cases {
+            for stream in [false, true] {
+                let extra = format!(r#","custom_params":{{"sim_error":"{code}"}},"stream":{stream}"#);
+                let r = post(gw.port, "/v1/chat/completions", &chat(&extra), &[]);
+                assert_eq!(r.status, status, "{code}: {}", r.text());
+                assert_eq!(r.header("x-smg-error-code"), Some("start_generation_failed"));
+                assert!(r.header("content-type").unwrap().starts_with("application/json"));
+                assert_eq!(r.json()["error"]["code"].as_str(), Some("start_generation_failed"));
+                assert!(r.header("x-smg-routed-worker-id").is_none());
+            }
+        }
+        // An invalid argument is the request's fault: the worker stays routable.
+        let ok = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(ok.status, 200);
+        // The contract's own refusals, before dispatch.
+        let huge = "# ".repeat(17_000);
+        let r = post(gw.port, "/v1/completions", &completion(&format!("\"{huge}\""), ""), &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("context_length_exceeded"));
+        let image = r#"{"model":"sim-model","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/a.png"}}]}]}"#;
+        let r = post(gw.port, "/v1/chat/completions", image, &[]);
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str().map(String::from)),
+            (400, Some("multimodal_not_supported".into()))
+        );
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","modalities":["text","audio"]"#), &[]);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("unsupported_output_modality"), "{}", r.text());
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","return_audio":true"#), &[]);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("audio_output_not_supported"), "{}", r.text());
+    });
+}
+
+#[test]
+fn a_retryable_engine_error_goes_to_another_worker() {
+    both_drivers(|legacy| {
+        let bad = Sim::start(MODEL, &["--grpc", "--fail-rate", "1", "--fail-status", "503"]);
+        let good = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&bad, &good], &["--policy", "round_robin"]);
+        for _ in 0..4 {
+            let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.header("x-smg-routed-worker-id"), Some(good.grpc_url().as_str()));
+        }
+    });
+}
+
+#[test]
+fn a_mid_stream_failure_is_an_error_event_then_done() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(
+            MODEL,
+            &[
+                "--grpc",
+                "--ttft-ms",
+                "0",
+                "--itl-ms",
+                "0",
+                "--output-tokens",
+                "8",
+                "--truncate-rate",
+                "1",
+                "--truncate-after-tokens",
+                "3",
+            ],
+        );
+        let gw = gateway(legacy, &[&sim], &[]);
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","stream":true"#), &[]);
+        assert_eq!(r.status, 200);
+        let ev = events(&r);
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+        let err: sonic_rs::Value = sonic_rs::from_str(&ev[ev.len() - 2]).unwrap();
+        assert!(err["error"]["message"].as_str().unwrap().starts_with("Stream error:"), "{err:?}");
+        assert_eq!(err["error"]["type"].as_str(), Some("internal_error"));
+        let chunks: Vec<sonic_rs::Value> = ev[..ev.len() - 2].iter().map(|e| sonic_rs::from_str(e).unwrap()).collect();
+        let id = chunks[0]["id"].as_str().unwrap().to_string();
+        assert_eq!(streamed(&chunks, true).0, [sim_text(&id, 0, 3)]);
+        assert!(!r.text().contains("\"finish_reason\":\"error\""));
+    });
+}
+
+#[test]
+fn text_policies_route_grpc_requests_on_the_gateways_token_ids() {
+    both_drivers(|legacy| {
+        let a = Sim::start(MODEL, FAST);
+        let b = Sim::start(MODEL, FAST);
+        for policy in ["prefix_hash", "cache_aware"] {
+            let gw = gateway(legacy, &[&a, &b], &["--policy", policy]);
+            let routed = |body: &str, hint: Option<String>| {
+                let h = hint.map(|t| format!("X-SMG-Routing-Tokens: {t}"));
+                let headers: Vec<&str> = h.iter().map(String::as_str).collect();
+                let r = post(gw.port, "/v1/chat/completions", body, &headers);
+                assert_eq!(r.status, 200, "{}", r.text());
+                r.header("x-smg-routed-worker-id").unwrap().to_string()
+            };
+            let prompt = |i: usize| {
+                let text = format!("conversation {i}: {}", "the same long system prompt ".repeat(40));
+                format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"{text}"}}]}}"#)
+            };
+            // A routing hint is for HTTP workers: the prompt's own ids decide here.
+            let first = routed(&prompt(0), None);
+            for k in 0..5 {
+                assert_eq!(routed(&prompt(0), Some(format!("{k},{},{}", k * 7 + 1, k * 13 + 2))), first, "{policy}");
+            }
+            if policy == "prefix_hash" {
+                let seen: std::collections::HashSet<String> = (1..13).map(|i| routed(&prompt(i), None)).collect();
+                assert_eq!(seen.len(), 2, "distinct prompts spread over both workers");
+            }
+        }
+    });
+}
