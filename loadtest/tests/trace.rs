@@ -168,7 +168,12 @@ fn azure_arrivals_and_lengths_are_reproduced() {
         // be kept off the CPU for milliseconds, which no user-space timer avoids.
         let late: Vec<(usize, i64)> =
             errs.iter().copied().enumerate().filter(|(_, e)| e.unsigned_abs() > 1000).collect();
-        assert!(late.len() * 3 <= n, "{} of {n} late sends (index, µs): {late:?}", late.len());
+        // Measured on a quiet 2-core box: 0-3 of 300 over 1 ms (a thread preempted by
+        // another process), median 35-60 µs; the busy-wait this replaced had 60-75 late.
+        assert!(late.len() * 20 <= n, "{} of {n} late sends (index, µs): {late:?}", late.len());
+        let mut abs: Vec<u64> = errs.iter().map(|e| e.unsigned_abs()).collect();
+        abs.sort_unstable();
+        assert!(abs[n / 2] < 250, "median send-time error {} µs", abs[n / 2]);
         // Lengths, exactly: the simulator's token count (raw prompt JSON bytes / 4) and max_tokens.
         let mut seen: Vec<(u64, u64)> = got
             .iter()

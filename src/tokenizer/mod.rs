@@ -204,6 +204,16 @@ mod tests {
     use super::gguf::{Metadata, Value};
     use super::*;
 
+    /// smg-sim --grpc's tokenizer is a plain GPT-2-style byte-level BPE: it must take the
+    /// fast encode (the gRPC benchmarks against the simulator measure that path).
+    #[test]
+    fn the_simulators_tokenizer_takes_the_fast_encode() {
+        use smg_loadtest::sim::grpc::tokenizer as sim;
+        let t =
+            Tokenizer::from_parts(sim::tokenizer_json().as_bytes(), Some(&sim::tokenizer_config_json()), None).unwrap();
+        assert!(t.has_fast_encode());
+    }
+
     /// A byte-level vocabulary holding "é" only as its two bytes (`Ã` = C3, `©` = A9), plus
     /// a control token and a merge.
     fn tiny() -> Tokenizer {

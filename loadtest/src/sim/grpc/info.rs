@@ -31,6 +31,7 @@ pub fn health_check(w: &Worker, _: HealthCheckRequest) -> Result<HealthCheckResp
 
 pub fn model_info(w: &Worker, _: GetModelInfoRequest) -> Result<GetModelInfoResponse, Status> {
     let dir = w.grpc.as_ref().map(|g| g.advertised_path.clone()).unwrap_or_default();
+    let bridged = w.grpc.as_ref().is_some_and(|g| g.llama.is_some());
     Ok(GetModelInfoResponse {
         // The model's files are the tokenizer directory (it also holds a config.json).
         model_path: dir.clone(),
@@ -50,7 +51,8 @@ pub fn model_info(w: &Worker, _: GetModelInfoRequest) -> Result<GetModelInfoResp
         architectures: vec!["LlamaForCausalLM".into()],
         id2label_json: String::new(),
         num_labels: 0,
-        default_sampling_params_json: DEFAULT_SAMPLING_JSON.into(),
+        // A real model behind --llama-url has its own defaults, which the simulator does not know.
+        default_sampling_params_json: if bridged { String::new() } else { DEFAULT_SAMPLING_JSON.into() },
     })
 }
 

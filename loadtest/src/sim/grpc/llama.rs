@@ -1,6 +1,6 @@
-//! `smg-sim --grpc --llama-url URL`: the scheduler protocol served by a real model. Each
-//! Generate call becomes one streamed `POST /completion` to a llama.cpp server with the
-//! request's token ids as the prompt (`return_tokens`), and the tokens it samples come back as
+//! `smg-sim --grpc --llama-url URL`: the scheduler protocol served by a real model. A
+//! Generate call samples through a llama.cpp server's `POST /completion` with the request's
+//! token ids as the prompt (`return_tokens`), and the tokens come back as
 //! `GenerateStreamChunk`s and a `GenerateComplete`: a gateway that renders templates, tokenizes
 //! and detokenizes itself then produces real text over gRPC, end to end.
 //!
@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use h2::SendStream;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
@@ -20,7 +20,6 @@ use smg_proto::scheduler::{generate_response, GenerateComplete, GenerateRequest,
 use smg_wire::chunked::ChunkedDecoder;
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 
-use crate::load::sse::SseParser;
 use crate::sim::grpc::generate::{gone, response, End};
 use crate::sim::grpc::wire::{self, Code, Status};
 use crate::sync::Event;
@@ -42,9 +41,8 @@ pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("--llama-url {url}: no address"))
 }
 
-/// The `/completion` body for a Generate request.
-fn body(req: &GenerateRequest, ids: &[u32]) -> Vec<u8> {
-    let sp = req.sampling_params.clone().unwrap_or_default();
+/// The `/completion` body for one step: the prompt so far, one token to sample.
+fn body(sp: &smg_proto::scheduler::SamplingParams, ids: &[u32]) -> Vec<u8> {
     let mut b = Vec::with_capacity(64 + ids.len() * 6);
     b.extend_from_slice(b"{\"prompt\":[");
     for (i, id) in ids.iter().enumerate() {
@@ -53,11 +51,10 @@ fn body(req: &GenerateRequest, ids: &[u32]) -> Vec<u8> {
         }
         b.extend_from_slice(id.to_string().as_bytes());
     }
-    let n_predict = sp.max_new_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let top_k = if sp.top_k <= 0 { 0 } else { sp.top_k };
     b.extend_from_slice(
         format!(
-            "],\"stream\":true,\"return_tokens\":true,\"cache_prompt\":true,\"n_predict\":{n_predict},\
+            "],\"stream\":false,\"return_tokens\":true,\"cache_prompt\":true,\"n_predict\":1,\
              \"temperature\":{},\"top_p\":{},\"top_k\":{top_k},\"min_p\":{},\"repeat_penalty\":{},\
              \"presence_penalty\":{},\"frequency_penalty\":{},\"ignore_eos\":{}}}",
             sp.temperature,
@@ -73,125 +70,121 @@ fn body(req: &GenerateRequest, ids: &[u32]) -> Vec<u8> {
     b
 }
 
-/// Serves one Generate call through the llama.cpp server at `addr`.
+/// Serves one Generate call through the llama.cpp server at `addr`, one token per
+/// `/completion` call (`n_predict` 1, the prompt growing by each sampled token, llama.cpp's
+/// prompt cache keeping it one token of work a step). One call per token, because
+/// llama-server's own stream leaves out of its `tokens` arrays the tokens that end inside a
+/// UTF-8 character (it sends only the token that completes it), and a gateway that
+/// detokenizes needs every id.
 pub(crate) async fn generate(
     addr: SocketAddr,
     req: &GenerateRequest,
     abort: &Event,
     send: &mut SendStream<Bytes>,
 ) -> Result<(), End> {
-    let ids: Vec<u32> = req.tokenized.as_ref().map(|t| t.input_ids.clone()).unwrap_or_default();
+    let mut ids: Vec<u32> = req.tokenized.as_ref().map(|t| t.input_ids.clone()).unwrap_or_default();
     if ids.is_empty() {
         return Err(End::Failed(Status::new(Code::InvalidArgument, "the request has no input_ids")));
     }
-    if req.sampling_params.as_ref().is_some_and(|s| s.n > 1) {
+    let sp = req.sampling_params.clone().unwrap_or_default();
+    if sp.n > 1 {
         return Err(End::Failed(Status::new(Code::InvalidArgument, "the llama.cpp bridge samples n = 1")));
     }
+    let prompt_tokens = ids.len() as u32;
+    let max = sp.max_new_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let mut output: Vec<u32> = Vec::new();
+    while (output.len() as u32) < max {
+        let json = body(&sp, &ids);
+        let step = monoio::select! {
+            r = complete_one(addr, &json) => r?,
+            _ = abort.wait() => {
+                let n = output.len() as u32;
+                return finish(req, prompt_tokens, &mut output, n, "abort", None, send);
+            }
+            _ = gone(send) => return Err(End::Gone),
+        };
+        let tokens: Vec<u32> = step["tokens"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
+            .unwrap_or_default();
+        // The model's end of turn: llama.cpp returns the EOS token with `stop_type` "eos";
+        // like SGLang, the stop token counts as generated but is not part of the output.
+        if step["stop_type"].as_str() == Some("eos") || tokens.is_empty() {
+            let matched = tokens.last().copied().unwrap_or(EOS);
+            let n = output.len() as u32 + 1;
+            return finish(req, prompt_tokens, &mut output, n, "stop", Some(matched), send);
+        }
+        ids.extend_from_slice(&tokens);
+        output.extend_from_slice(&tokens);
+        if req.stream {
+            let chunk = GenerateStreamChunk {
+                token_ids: tokens,
+                prompt_tokens,
+                completion_tokens: output.len() as u32,
+                ..Default::default()
+            };
+            let msg = wire::frame(&response(req, generate_response::Response::Chunk(chunk)));
+            send.send_data(msg, false).map_err(|_| End::Gone)?;
+        }
+    }
+    let n = output.len() as u32;
+    finish(req, prompt_tokens, &mut output, n, "length", None, send)
+}
+
+/// One `/completion` call on its own connection: the parsed JSON answer.
+async fn complete_one(addr: SocketAddr, json: &[u8]) -> Result<sonic_rs::Value, End> {
     let unavailable = |e: String| End::Failed(Status::new(Code::Unavailable, format!("llama.cpp server: {e}")));
     let mut conn = TcpStream::connect(addr).await.map_err(|e| unavailable(e.to_string()))?;
     let _ = conn.set_nodelay(true);
-    let json = body(req, &ids);
-    let mut head = format!(
-        "POST /completion HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+    let mut out = format!(
+        "POST /completion HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
         json.len()
     )
     .into_bytes();
-    head.extend_from_slice(&json);
-    let (res, _) = conn.write_all(head).await;
+    out.extend_from_slice(json);
+    let (res, _) = conn.write_all(out).await;
     res.map_err(|e| unavailable(e.to_string()))?;
-
-    let prompt_tokens = ids.len() as u32;
-    let mut output: Vec<u32> = Vec::new();
-    let mut generated = 0u32;
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
-    let mut body_at: Option<usize> = None;
-    let mut chunked = ChunkedDecoder::new();
-    let mut decoded: Vec<u8> = Vec::new();
-    let mut sse = SseParser::default();
-    let mut stop: Option<(String, bool)> = None;
     loop {
         let len = buf.len();
         if buf.capacity() - len < 8192 {
             buf.reserve(8192);
         }
         let cap = buf.capacity();
-        let read = conn.read(buf.slice_mut(len..cap));
-        let (res, b) = monoio::select! {
-            r = read => r,
-            _ = abort.wait() => return finish(req, prompt_tokens, &mut output, generated, "abort", None, send),
-            _ = gone(send) => return Err(End::Gone),
-        };
+        let (res, b) = conn.read(buf.slice_mut(len..cap)).await;
         buf = b.into_inner();
         match res {
-            Ok(0) | Err(_) => return Err(unavailable("connection closed mid-response".into())),
+            Ok(0) => break,
             Ok(_) => {}
-        }
-        let start = match body_at {
-            Some(s) => s,
-            None => {
-                let mut headers = [httparse::EMPTY_HEADER; 32];
-                let mut r = httparse::Response::new(&mut headers);
-                match r.parse(&buf) {
-                    Ok(httparse::Status::Complete(n)) => {
-                        let status = r.code.unwrap_or(0);
-                        if status != 200 {
-                            let msg = String::from_utf8_lossy(&buf[n..]).into_owned();
-                            let code = if status == 400 { Code::InvalidArgument } else { Code::from_http(status) };
-                            return Err(End::Failed(Status::new(code, format!("llama.cpp answered {status}: {msg}"))));
-                        }
-                        body_at = Some(n);
-                        n
-                    }
-                    Ok(httparse::Status::Partial) => continue,
-                    Err(e) => return Err(unavailable(format!("bad response head: {e}"))),
-                }
-            }
-        };
-        decoded.clear();
-        let used = chunked.feed(&buf[start..], Some(&mut decoded)).map_err(|e| unavailable(e.0.to_string()))?;
-        buf.drain(start..start + used);
-        let mut out = BytesMut::new();
-        let mut events: Vec<Vec<u8>> = Vec::new();
-        sse.feed(&decoded, |data| events.push(data.to_vec()));
-        for data in events {
-            let Ok(v) = sonic_rs::from_slice::<sonic_rs::Value>(&data) else { continue };
-            let tokens: Vec<u32> = v["tokens"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
-                .unwrap_or_default();
-            if !tokens.is_empty() {
-                generated += tokens.len() as u32;
-                output.extend_from_slice(&tokens);
-                if req.stream {
-                    let chunk = GenerateStreamChunk {
-                        token_ids: tokens,
-                        prompt_tokens,
-                        completion_tokens: generated,
-                        ..Default::default()
-                    };
-                    out.extend_from_slice(&wire::frame(&response(req, generate_response::Response::Chunk(chunk))));
-                }
-            }
-            if v["stop"].as_bool() == Some(true) {
-                let kind = v["stop_type"].as_str().unwrap_or("eos").to_string();
-                stop = Some((kind, true));
-            }
-        }
-        if !out.is_empty() {
-            send.send_data(out.freeze(), false).map_err(|_| End::Gone)?;
-        }
-        if let Some((kind, _)) = stop {
-            // llama.cpp's "limit" is the length cap; "eos" and "word" end on the model's stop.
-            let (reason, matched) = if kind == "limit" { ("length", None) } else { ("stop", Some(EOS)) };
-            return finish(req, prompt_tokens, &mut output, generated, reason, matched, send);
-        }
-        if chunked.is_done() {
-            return Err(unavailable("the stream ended without a final event".into()));
+            Err(e) => return Err(unavailable(e.to_string())),
         }
     }
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut r = httparse::Response::new(&mut headers);
+    let n = match r.parse(&buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return Err(unavailable("bad response head".into())),
+    };
+    let status = r.code.unwrap_or(0);
+    let chunked = r
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("transfer-encoding") && h.value.eq_ignore_ascii_case(b"chunked"));
+    let mut body = buf[n..].to_vec();
+    if chunked {
+        let mut decoded = Vec::new();
+        ChunkedDecoder::new().feed(&body, Some(&mut decoded)).map_err(|e| unavailable(e.0.to_string()))?;
+        body = decoded;
+    }
+    if status != 200 {
+        let code = if status == 400 { Code::InvalidArgument } else { Code::from_http(status) };
+        let msg = format!("llama.cpp answered {status}: {}", String::from_utf8_lossy(&body));
+        return Err(End::Failed(Status::new(code, msg)));
+    }
+    sonic_rs::from_slice(&body).map_err(|e| unavailable(format!("answer: {e}")))
 }
 
-/// SmolLM2's (and ChatML models') end of turn, `<|im_end|>`: what a natural stop matched.
+/// SmolLM2's (and ChatML models') end of turn, `<|im_end|>`: a natural stop that named no token.
 const EOS: u32 = 2;
 
 fn finish(
