@@ -416,3 +416,33 @@ fn text_policies_route_grpc_requests_on_the_gateways_token_ids() {
         }
     });
 }
+
+/// `--request-timeout-secs` bounds a gRPC call as it bounds an HTTP exchange: an engine that
+/// never answers is a 504 (start_generation_failed) and its stream is cancelled; one that goes
+/// silent mid-stream past `--upstream-read-timeout-secs` ends the stream with the error event.
+#[test]
+fn timeouts_bound_a_grpc_call() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, &["--grpc", "--hang-rate", "1"]);
+        let gw = gateway(legacy, &[&sim], &["--request-timeout-secs", "1", "--disable-retries"]);
+        let started = std::time::Instant::now();
+        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(r.status, 504, "{}", r.text());
+        assert_eq!(r.header("x-smg-error-code"), Some("start_generation_failed"));
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        assert!(
+            wait_until(Duration::from_secs(5), || sim.stats()["grpc"]["in_flight"].as_u64() == Some(0)),
+            "the hung call was not cancelled: {:?}",
+            sim.stats()["grpc"]
+        );
+        drop(gw);
+        // Tokens every 3 s: the first arrives, the gap after it is past the 1 s read limit.
+        let slow = Sim::start(MODEL, &["--grpc", "--ttft-ms", "0", "--itl-ms", "3000", "--output-tokens", "5"]);
+        let gw = gateway(legacy, &[&slow], &["--upstream-read-timeout-secs", "1", "--disable-retries"]);
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","stream":true"#), &[]);
+        assert_eq!(r.status, 200);
+        let evs = events(&r);
+        assert_eq!(evs.last().map(String::as_str), Some("[DONE]"), "{evs:?}");
+        assert!(evs.iter().any(|e| e.contains("\"error\"")), "no error event: {evs:?}");
+    });
+}

@@ -80,6 +80,19 @@ pub struct Call {
     body: RecvStream,
     frames: Deframer,
     done: bool,
+    limits: Limits,
+    /// A message has arrived (the idle limit applies from then on).
+    started: bool,
+}
+
+/// How long a call may take, as an HTTP worker's exchange: the whole of it within
+/// `--request-timeout-secs` of the pick, and, once the engine has said something, no gap
+/// between its messages longer than `--upstream-read-timeout-secs`. A call past either is
+/// DEADLINE_EXCEEDED (the caller drops it, which resets the stream: the engine cancels).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Limits {
+    pub deadline: Option<std::time::Instant>,
+    pub idle: Option<std::time::Duration>,
 }
 
 impl Call {
@@ -100,7 +113,28 @@ impl Call {
         if resp.status() != http::StatusCode::OK {
             return Err(Status::new(Code::UNKNOWN, format!("HTTP status {} from the worker", resp.status())));
         }
-        Ok(Call { body: resp.into_body(), frames: Deframer::default(), done: false })
+        Ok(Call {
+            body: resp.into_body(),
+            frames: Deframer::default(),
+            done: false,
+            limits: Limits::default(),
+            started: false,
+        })
+    }
+
+    /// Holds the call's messages to `limits` from now on.
+    pub fn limit(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// How long the next wait for data may last, if bounded.
+    fn wait_limit(&self) -> Option<std::time::Duration> {
+        let to_deadline = self.limits.deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        let idle = self.limits.idle.filter(|_| self.started);
+        match (to_deadline, idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The next message; None after the stream ended with OK.
@@ -112,10 +146,25 @@ impl Call {
             if self.done {
                 return None;
             }
-            match self.body.data().await {
+            let data = match self.wait_limit() {
+                Some(limit) => match monoio::time::timeout(limit, self.body.data()).await {
+                    Ok(d) => d,
+                    Err(_) => {
+                        self.done = true;
+                        let why = if self.started { "the engine went silent" } else { "no answer from the engine" };
+                        return Some(Err(Status::new(
+                            Code::DEADLINE_EXCEEDED,
+                            format!("{why} within the time allowed"),
+                        )));
+                    }
+                },
+                None => self.body.data().await,
+            };
+            match data {
                 Some(Ok(chunk)) => {
                     let _ = self.body.flow_control().release_capacity(chunk.len());
                     self.frames.push(&chunk);
+                    self.started = true;
                 }
                 Some(Err(e)) => {
                     self.done = true;

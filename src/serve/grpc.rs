@@ -30,7 +30,7 @@ use super::finish::{announce_close, Outcome};
 use super::pick::pick_worker;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract::Endpoint;
-use crate::grpc::conn::{self, Call};
+use crate::grpc::conn::{self, Call, Limits};
 use crate::grpc::model::GrpcModel;
 use crate::grpc::reply::{self, Choice, Meta, Usage};
 use crate::grpc::request::{self, Kind, Prepared};
@@ -143,7 +143,13 @@ pub async fn forward(
         let started = match shard.grpc().ready(wid, addr).await {
             Ok(send) => {
                 let mut target = Target { id: wid, url, authority, send };
-                match start(&mut target, client, prep, &id).await {
+                let limits = Limits {
+                    deadline: Some(
+                        ctx.timings.upstream_started.unwrap_or(ctx.timings.started) + shard.cfg().request_timeout,
+                    ),
+                    idle: Some(shard.cfg().upstream_read_timeout),
+                };
+                match start(&mut target, client, prep, &id, limits).await {
                     Ok(Some(s)) => Ok((target, s)),
                     Ok(None) => return Outcome::ClientGone,
                     Err(s) => Err(s),
@@ -223,7 +229,13 @@ fn engine_request(prep: &Prepared, rid: String, ids: &[u32]) -> GenerateRequest 
 
 /// Sends every engine request and waits for each one's first message, watching the client.
 /// Ok(None): the client left (its requests were aborted).
-async fn start(target: &mut Target, client: &Client, prep: &Prepared, id: &str) -> Result<Option<Started>, Status> {
+async fn start(
+    target: &mut Target,
+    client: &Client,
+    prep: &Prepared,
+    id: &str,
+    limits: Limits,
+) -> Result<Option<Started>, Status> {
     let many = prep.prompts.len() > 1;
     let mut calls = Vec::with_capacity(prep.prompts.len());
     for (i, ids) in prep.prompts.iter().enumerate() {
@@ -232,7 +244,8 @@ async fn start(target: &mut Target, client: &Client, prep: &Prepared, id: &str) 
         let mut send = target.send.clone().ready().await.map_err(Status::transport)?;
         // The response head comes at once (the engine answers it before admitting the
         // request): the client is watched from the first message on.
-        let call = Call::start(&mut send, &target.authority, path::GENERATE, &req).await?;
+        let mut call = Call::start(&mut send, &target.authority, path::GENERATE, &req).await?;
+        call.limit(limits);
         calls.push((rid, call, None));
     }
     for i in 0..calls.len() {
