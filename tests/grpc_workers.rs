@@ -446,3 +446,20 @@ fn timeouts_bound_a_grpc_call() {
         assert!(evs.iter().any(|e| e.contains("\"error\"")), "no error event: {evs:?}");
     });
 }
+
+/// The admin `/flush_cache` fan-out reaches a gRPC worker through the scheduler API's
+/// FlushCache (not an HTTP POST it cannot answer).
+#[test]
+fn flush_cache_reaches_grpc_workers_over_grpc() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        let before = sim.stats()["grpc"]["rpcs"]["FlushCache"].as_u64().unwrap_or(0);
+        let r = post(gw.port, "/flush_cache", "", &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["successful"].as_array().map(|a| a.len()), Some(1), "{}", r.text());
+        assert_eq!(v["failed"].as_array().map(|a| a.len()), Some(0), "{}", r.text());
+        assert_eq!(sim.stats()["grpc"]["rpcs"]["FlushCache"].as_u64(), Some(before + 1));
+    });
+}

@@ -427,17 +427,22 @@ fn targets(fleet: &Fleet) -> Vec<(WorkerUrl, Option<String>)> {
     out
 }
 
-/// `POST /flush_cache` to every worker, one result each (SMG's FlushCacheResult).
+/// `POST /flush_cache` to every worker (FlushCache for gRPC ones), one result each (SMG's
+/// FlushCacheResult).
 async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration) -> AdminReply {
     let tasks: Vec<_> = targets
         .into_iter()
         .map(|(u, key)| {
             tokio::spawn(async move {
-                let r = probe::request(&u, "POST", "/flush_cache", Some(b""), key.as_deref(), timeout).await;
-                let outcome = match r {
-                    Ok(r) if (200..300).contains(&r.status) => Ok(()),
-                    Ok(r) => Err(format!("HTTP {}", r.status)),
-                    Err(e) => Err(e.to_string()),
+                // gRPC workers flush through the scheduler API's FlushCache.
+                let outcome = if u.grpc {
+                    super::grpc_probe::flush_cache(&u, timeout).await
+                } else {
+                    match probe::request(&u, "POST", "/flush_cache", Some(b""), key.as_deref(), timeout).await {
+                        Ok(r) if (200..300).contains(&r.status) => Ok(()),
+                        Ok(r) => Err(format!("HTTP {}", r.status)),
+                        Err(e) => Err(e.to_string()),
+                    }
                 };
                 (u.url, outcome)
             })

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use prost::Message;
-use smg_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
+use smg_proto::common::{FlushCacheRequest, FlushCacheResponse, GetTokenizerChunk, GetTokenizerRequest};
 use smg_proto::paths::sglang_scheduler as path;
 use smg_proto::scheduler::{
     GetLoadsRequest, GetLoadsResponse, GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest,
@@ -99,6 +99,20 @@ pub async fn health(url: &WorkerUrl, timeout: Duration) -> Result<bool, Status> 
         Ok(r.healthy)
     })
     .await
+}
+
+/// FlushCache (the admin `/flush_cache` fan-out): Ok(()) when the engine flushed.
+pub async fn flush_cache(url: &WorkerUrl, timeout: Duration) -> Result<(), String> {
+    let r: Result<FlushCacheResponse, Status> = within(timeout, async {
+        let mut send = connect(url).await?;
+        unary(&mut send, url, path::FLUSH_CACHE, &FlushCacheRequest { timeout_s: 0.0 }).await
+    })
+    .await;
+    match r {
+        Ok(r) if r.success => Ok(()),
+        Ok(r) => Err(if r.message.is_empty() { "the engine did not flush".into() } else { r.message }),
+        Err(s) => Err(s.to_string()),
+    }
 }
 
 /// GetLoads as the load monitor's figures: requests (running + waiting) and waiting summed
