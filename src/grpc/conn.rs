@@ -122,6 +122,11 @@ impl Call {
         })
     }
 
+    /// A whole message is already here: `next` will not wait.
+    pub fn has_message(&self) -> bool {
+        self.frames.has_message()
+    }
+
     /// Holds the call's messages to `limits` from now on.
     pub fn limit(&mut self, limits: Limits) {
         self.limits = limits;

@@ -155,6 +155,14 @@ impl Deframer {
     pub fn pending(&self) -> usize {
         self.buf.len()
     }
+
+    /// A whole message (or a malformed prefix `next_message` will report) is buffered.
+    pub fn has_message(&self) -> bool {
+        self.buf.len() >= 5
+            && (self.buf[0] != 0
+                || self.buf.len()
+                    >= 5 + u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize)
+    }
 }
 
 /// The call's status from trailers (or a trailers-only response head); None when absent.

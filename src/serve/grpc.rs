@@ -367,6 +367,9 @@ async fn respond(
     let mut watch = true;
     for (p, (rid, mut call, first)) in started.calls.into_iter().enumerate() {
         let mut next = first;
+        // SSE events not yet written: the events of messages that arrived together go out in
+        // one write, not one write per token.
+        let mut events: Vec<u8> = Vec::new();
         loop {
             let msg = match next.take() {
                 Some(m) => m,
@@ -397,7 +400,6 @@ async fn respond(
                     None => break,
                 },
             };
-            let mut events = Vec::new();
             let update = match msg.response {
                 Some(generate_response::Response::Chunk(c)) => {
                     counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
@@ -460,16 +462,19 @@ async fn respond(
             let all_done = choices[p * n..(p + 1) * n].iter().all(|s| s.finish.is_some());
             if all_done && !choices[p * n..(p + 1) * n].iter().all(|s| s.engine_done) {
                 abort_all(&target, std::iter::once(rid.clone()));
+                break;
+            }
+            if !events.is_empty() && !call.has_message() {
                 if !out.send(client, &events).await {
                     gone = true;
+                    abort_all(&target, std::iter::once(rid.clone()));
+                    break;
                 }
-                break;
+                events.clear();
             }
-            if !events.is_empty() && !out.send(client, &events).await {
-                gone = true;
-                abort_all(&target, std::iter::once(rid.clone()));
-                break;
-            }
+        }
+        if !gone && !events.is_empty() && !out.send(client, &events).await {
+            gone = true;
         }
         if gone || failure.is_some() {
             break;
