@@ -59,19 +59,22 @@ pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse
         Err(s) => return reject(respond, &s),
     };
     *w.grpc_state.last_generate.borrow_mut() = describe(&req);
-    if let Some(addr) = w.grpc.as_ref().and_then(|g| g.llama) {
-        return bridge(w, addr, &req, respond).await;
-    }
-    let plan = match plan(w, &req) {
-        Ok(p) => p,
-        Err(s) => {
-            bump(&w.stats.failed, 1);
-            return reject(respond, &s);
-        }
+    let engine = match w.grpc.as_ref().and_then(|g| g.llama) {
+        Some(addr) => Engine::Llama(addr),
+        None => match plan(w, &req) {
+            Ok(p) => Engine::Sim(p),
+            Err(s) => {
+                bump(&w.stats.failed, 1);
+                return reject(respond, &s);
+            }
+        },
     };
     let Ok(mut send) = respond.send_response(wire::response_head(), false) else { return };
     let abort = w.grpc_state.register(&req.request_id);
-    let outcome = generate(w, &req, &plan, &abort, &mut send).await;
+    let outcome = match &engine {
+        Engine::Sim(plan) => generate(w, &req, plan, &abort, &mut send).await,
+        Engine::Llama(addr) => llama::generate(*addr, &req, &abort, &mut send).await,
+    };
     w.grpc_state.unregister(&req.request_id);
     match outcome {
         Ok(()) => {
@@ -88,23 +91,12 @@ pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse
     }
 }
 
-/// A Generate call served by the llama.cpp server at `addr` (`--llama-url`).
-async fn bridge(w: &Rc<Worker>, addr: std::net::SocketAddr, req: &GenerateRequest, mut respond: SendResponse<Bytes>) {
-    let Ok(mut send) = respond.send_response(wire::response_head(), false) else { return };
-    let abort = w.grpc_state.register(&req.request_id);
-    let outcome = llama::generate(addr, req, &abort, &mut send).await;
-    w.grpc_state.unregister(&req.request_id);
-    match outcome {
-        Ok(()) => {
-            let _ = send.send_trailers(wire::trailers(None));
-            bump(&w.stats.completed, 1);
-        }
-        Err(End::Failed(s)) => {
-            bump(&w.stats.failed, 1);
-            let _ = send.send_trailers(wire::trailers(Some(&s)));
-        }
-        Err(End::Gone) => bump(&w.grpc_state.cancelled, 1),
-    }
+/// Who samples a call's tokens.
+enum Engine {
+    /// The simulator, on its timing model.
+    Sim(Plan),
+    /// A real model on the llama.cpp server at this address (`--llama-url`).
+    Llama(std::net::SocketAddr),
 }
 
 /// Why a call ended early.
