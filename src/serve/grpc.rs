@@ -297,27 +297,26 @@ struct ChoiceState<'a> {
 impl ChoiceState<'_> {
     /// Decodes `ids` and returns the text that is certain (a possible stop string's start
     /// is held back; nothing after a stop string comes out).
-    fn feed(&mut self, ids: &[u32]) -> String {
-        let mut piece = String::new();
-        let mut emit = String::new();
+    /// `emit` gets the text; `piece` is scratch (both reused across tokens: no allocation
+    /// per token).
+    fn feed(&mut self, ids: &[u32], emit: &mut String, piece: &mut String) {
         for &t in ids {
             piece.clear();
-            self.decoder.step(t, &mut piece);
-            if self.stop.push(&piece, &mut emit) {
+            self.decoder.step(t, piece);
+            if self.stop.push(piece, emit) {
                 break;
             }
         }
-        emit
     }
 
     /// The sample ended: what the decoder and the stop matcher still hold.
-    fn end(&mut self, emit: &mut String) {
+    fn end(&mut self, emit: &mut String, piece: &mut String) {
         if self.stop.stopped() {
             return;
         }
-        let mut piece = String::new();
-        self.decoder.finish(&mut piece);
-        self.stop.push(&piece, emit);
+        piece.clear();
+        self.decoder.finish(piece);
+        self.stop.push(piece, emit);
         self.stop.finish(emit);
     }
 }
@@ -370,6 +369,8 @@ async fn respond(
         // SSE events not yet written: the events of messages that arrived together go out in
         // one write, not one write per token.
         let mut events: Vec<u8> = Vec::new();
+        // A message's decoded text, and the decoder's scratch: reused for every message.
+        let (mut text, mut piece) = (String::new(), String::new());
         loop {
             let msg = match next.take() {
                 Some(m) => m,
@@ -407,11 +408,12 @@ async fn respond(
                     let Some(st) = choices.get_mut(i).filter(|st| st.finish.is_none()) else { continue };
                     st.completion = c.completion_tokens as u64;
                     st.reasoning = c.reasoning_tokens as u64;
-                    let text = st.feed(&c.token_ids);
+                    text.clear();
+                    st.feed(&c.token_ids, &mut text, &mut piece);
                     if st.stop.stopped() {
                         st.finish = Some("stop".into());
                     }
-                    Some((i, text))
+                    Some(i)
                 }
                 Some(generate_response::Response::Complete(c)) => {
                     counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
@@ -424,8 +426,11 @@ async fn respond(
                         continue;
                     }
                     // Streaming: the tokens came in chunks; the whole output otherwise.
-                    let mut text = if prep.stream { String::new() } else { st.feed(&c.output_ids) };
-                    st.end(&mut text);
+                    text.clear();
+                    if !prep.stream {
+                        st.feed(&c.output_ids, &mut text, &mut piece);
+                    }
+                    st.end(&mut text, &mut piece);
                     if st.stop.stopped() {
                         st.finish = Some("stop".into());
                     } else {
@@ -437,11 +442,11 @@ async fn respond(
                             }
                         }
                     }
-                    Some((i, text))
+                    Some(i)
                 }
                 None => None,
             };
-            let Some((i, text)) = update else { continue };
+            let Some(i) = update else { continue };
             if prep.stream {
                 let usage = prep.continuous_usage.then(|| usage_of(&choices, &counts));
                 let st = &mut choices[i];
