@@ -12,7 +12,8 @@ pub mod access_log;
 pub mod admission;
 pub mod api;
 pub mod budget;
-pub mod civil;
+// UTC calendar fields, shared with the simulator (wire/src/civil.rs).
+pub use smg_wire::civil;
 pub mod config;
 pub mod contract;
 pub mod demo;

@@ -3,6 +3,7 @@
 //! values httparse leaves to us, and JSON string literals, and WebSocket frames and handshakes.
 
 pub mod chunked;
+pub mod civil;
 pub mod header;
 pub mod json;
 pub mod num;
