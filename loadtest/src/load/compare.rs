@@ -211,6 +211,31 @@ fn is_python_script(p: &Path) -> bool {
 }
 
 /// Prefix with `taskset -c CORE` when taskset exists, so the child starts pinned.
+/// nginx pinned to `core`, running `conf(dir)` from a temporary directory of its own
+/// (prefix, config and error log there); the directory goes when the returned guard does.
+pub(crate) fn spawn_nginx(
+    core: usize,
+    bin: &Path,
+    name: &str,
+    conf: impl FnOnce(&Path) -> String,
+) -> Result<(Child, TempDir), String> {
+    let dir = TempDir::new(name).map_err(|e| e.to_string())?;
+    let path = dir.0.join("nginx.conf");
+    std::fs::write(&path, conf(&dir.0)).map_err(|e| e.to_string())?;
+    let child = pinned(core, bin)
+        .arg("-p")
+        .arg(&dir.0)
+        .arg("-c")
+        .arg(&path)
+        .arg("-e")
+        .arg(dir.0.join("error.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", bin.display()))?;
+    Ok((child, dir))
+}
+
 pub(crate) fn pinned(core: usize, program: &Path) -> Command {
     match on_path("taskset") {
         Some(ts) => {
@@ -353,20 +378,7 @@ pub(crate) fn start_target(
         }
         Kind::Nginx => {
             let bin = t.bin.as_ref().ok_or("no binary")?;
-            let dir = TempDir::new("nginx").map_err(|e| e.to_string())?;
-            let conf = dir.0.join("nginx.conf");
-            std::fs::write(&conf, nginx_conf(&dir.0, port, sim_ports)).map_err(|e| e.to_string())?;
-            let child = pinned(args.sut_core, bin)
-                .arg("-p")
-                .arg(&dir.0)
-                .arg("-c")
-                .arg(&conf)
-                .arg("-e")
-                .arg(dir.0.join("error.log"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("start {}: {e}", bin.display()))?;
+            let (child, dir) = spawn_nginx(args.sut_core, bin, "nginx", |dir| nginx_conf(dir, port, sim_ports))?;
             (child, Some(dir))
         }
     };

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::load::compare::{
-    find_targets, median, on_path, pinned, wait_ready, CompareArgs, Kind, Proc, Target, TempDir,
+    find_targets, median, on_path, pinned, spawn_nginx, wait_ready, CompareArgs, Kind, Proc, Target,
 };
 use crate::load::ws::{self, WsPlan, WsResult};
 use crate::rt;
@@ -73,20 +73,7 @@ fn start(t: &Target, args: &CompareArgs, sim: u16) -> Result<(Option<Proc>, u16)
         }
         Kind::Nginx => {
             let bin = t.bin.as_ref().ok_or("no binary")?;
-            let dir = TempDir::new("nginx-ws").map_err(|e| e.to_string())?;
-            let conf = dir.0.join("nginx.conf");
-            std::fs::write(&conf, nginx_conf(&dir.0, port, sim)).map_err(|e| e.to_string())?;
-            let mut child = pinned(args.sut_core, bin)
-                .arg("-p")
-                .arg(&dir.0)
-                .arg("-c")
-                .arg(&conf)
-                .arg("-e")
-                .arg(dir.0.join("error.log"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("start nginx: {e}"))?;
+            let (mut child, dir) = spawn_nginx(args.sut_core, bin, "nginx-ws", |dir| nginx_conf(dir, port, sim))?;
             wait_ready(addr, HEALTH, &mut child, Duration::from_secs(30))?;
             Ok((Some(Proc { child, _dir: Some(dir) }), port))
         }
