@@ -463,3 +463,64 @@ fn flush_cache_reaches_grpc_workers_over_grpc() {
         assert_eq!(sim.stats()["grpc"]["rpcs"]["FlushCache"].as_u64(), Some(before + 1));
     });
 }
+
+/// A tokenizer directory: the simulator's vocabulary with `template` as its chat template.
+fn tokenizer_dir_with_template(template: &str) -> std::path::PathBuf {
+    use smg_loadtest::sim::grpc::tokenizer::tokenizer_json;
+    let dir = std::env::temp_dir().join(format!("smg-thinking-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
+    let mut cfg = Vec::new();
+    cfg.extend_from_slice(b"{\"eos_token\":\"<|im_end|>\",\"chat_template\":");
+    cfg.extend_from_slice(sonic_rs::to_string(template).unwrap().as_bytes());
+    cfg.push(b'}');
+    std::fs::write(dir.join("tokenizer_config.json"), cfg).unwrap();
+    dir
+}
+
+#[test]
+fn the_thinking_decision_reaches_the_template_in_the_contracts_order() {
+    // A template with a toggle (on by default) and one effort level of its own ('max'); the
+    // simulator answers with the prompt it got, so the reply is what the template rendered.
+    let template = "think={{ enable_thinking | default('default') }} effort={{ reasoning_effort | default('-') }}{% if reasoning_effort == 'max' %} deep{% endif %}";
+    let dir = tokenizer_dir_with_template(template);
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &["--tokenizer-path", dir.to_str().unwrap()]);
+        let cases = [
+            // Nothing asked: the template's default stands (nothing written).
+            ("", "think=default effort=-", true),
+            // 4. The effective effort: none turns thinking off.
+            (r#","reasoning_effort":"none""#, "think=False effort=none", false),
+            // 2. A native level turns it on.
+            (r#","reasoning_effort":"max""#, "think=True effort=max deep", true),
+            // 2 before 4: the template's level from chat_template_kwargs wins over the request's.
+            (
+                r#","reasoning_effort":"none","chat_template_kwargs":{"reasoning_effort":"max"}"#,
+                "think=True effort=max deep",
+                true,
+            ),
+            // A level the template does not know says nothing: the default stands.
+            (r#","reasoning_effort":"high""#, "think=default effort=high", true),
+            // 3. thinking.type, under a level the template does not know; adaptive says nothing.
+            (r#","reasoning_effort":"high","thinking":{"type":"disabled"}"#, "think=False effort=high", false),
+            (r#","thinking":{"type":"adaptive","effort":"max"}"#, "think=True effort=max deep", true),
+            (r#","thinking":{"type":"enabled"}"#, "think=True effort=-", true),
+            // 1. An explicit toggle beats every other rule.
+            (
+                r#","reasoning_effort":"max","chat_template_kwargs":{"enable_thinking":false}"#,
+                "think=False effort=max deep",
+                false,
+            ),
+        ];
+        for (extra, want, reasons) in cases {
+            let body = chat(&format!(r#"{extra},"custom_params":{{"sim_echo_prompt":true}}"#));
+            let r = post(gw.port, "/v1/chat/completions", &body, &[]);
+            assert_eq!(r.status, 200, "{extra}: {}", r.text());
+            assert_eq!(r.json()["choices"][0]["message"]["content"].as_str(), Some(want), "{extra}");
+            let last = sim.stats()["grpc"]["last_generate"].clone();
+            assert_eq!(last["require_reasoning"].as_bool(), Some(reasons), "{extra}: {last:?}");
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,7 +10,7 @@ use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 
 use super::model::GrpcModel;
 use crate::api::ApiError;
-use crate::tokenizer::TemplateInput;
+use crate::tokenizer::{TemplateInput, ThinkingAsk};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -32,6 +32,8 @@ pub struct Prepared {
     pub stop: Vec<String>,
     pub no_stop_trim: bool,
     pub skip_special: bool,
+    /// The model starts in reasoning mode (the engine then counts reasoning tokens).
+    pub reasoning: bool,
 }
 
 fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -41,13 +43,13 @@ fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
 /// Builds the engine requests' contents for `body` on a worker serving `model`.
 pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, ApiError> {
     let tok = &model.tokenizer;
-    let prompts = match kind {
+    let (prompts, reasoning) = match kind {
         Kind::Chat => {
             check_output_modalities(body)?;
-            let text = render_chat(body, model)?;
-            vec![tok.encode(&text, false).map_err(|e| ApiError::internal("tokenization_failed", e))?]
+            let (text, thinks) = render_chat(body, model)?;
+            (vec![tok.encode(&text, false).map_err(|e| ApiError::internal("tokenization_failed", e))?], thinks)
         }
-        Kind::Completions => completion_prompts(body, model)?,
+        Kind::Completions => (completion_prompts(body, model)?, false),
     };
     if let Some(window) = model.max_context {
         if let Some(longest) = prompts.iter().map(Vec::len).max().filter(|&l| l > window as usize) {
@@ -74,6 +76,7 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
         continuous_usage: include_usage && flag("continuous_usage_stats"),
         no_stop_trim: params.no_stop_trim,
         skip_special: params.skip_special_tokens,
+        reasoning,
         stop,
         params,
     })
@@ -123,7 +126,8 @@ fn check_content_parts(messages: &Value, model: &GrpcModel) -> Result<(), ApiErr
     Ok(())
 }
 
-fn render_chat(body: &Value, model: &GrpcModel) -> Result<String, ApiError> {
+/// The prompt text, and whether the model starts in reasoning mode.
+fn render_chat(body: &Value, model: &GrpcModel) -> Result<(String, bool), ApiError> {
     let messages = body.get("messages").ok_or_else(|| bad("400", "messages is required"))?;
     check_content_parts(messages, model)?;
     let template = model
@@ -131,27 +135,30 @@ fn render_chat(body: &Value, model: &GrpcModel) -> Result<String, ApiError> {
         .chat_template()
         .ok_or_else(|| ApiError::internal("chat_template_missing", "The model's tokenizer has no chat template"))?;
     let kwargs = body.get("chat_template_kwargs").filter(|v| v.is_object());
-    // The effective effort: thinking.effort, else reasoning_effort (a number as its decimal).
-    let effort =
-        body.get("thinking").and_then(|t| t.get("effort")).and_then(|e| e.as_str().map(str::to_string)).or_else(|| {
-            match body.get("reasoning_effort") {
-                Some(v) if v.is_str() => v.as_str().map(str::to_string),
-                Some(v) if v.is_number() => Some(v.to_string()),
-                _ => None,
-            }
-        });
-    // An explicit chat_template_kwargs entry wins over what the gateway passes.
-    let effort = effort.filter(|_| kwargs.and_then(|k| k.get("reasoning_effort")).is_none());
+    // The effective effort: thinking.effort, else reasoning_effort (the contract already
+    // turned a number into its decimal string).
+    let thinking = body.get("thinking");
+    let effort = thinking
+        .and_then(|t| t.get("effort"))
+        .and_then(|e| e.as_str())
+        .or_else(|| body.get("reasoning_effort").and_then(|v| v.as_str()));
+    let ask = ThinkingAsk { kwargs, effort, kind: thinking.and_then(|t| t.get("type")).and_then(|t| t.as_str()) };
+    let decision = template.thinking().decide(&ask);
     let tools = body.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
     let continue_final = body.get("continue_final_message").and_then(|v| v.as_bool()).unwrap_or(false);
     let input = TemplateInput {
         messages: Some(messages),
         add_generation_prompt: !continue_final,
         tools,
-        reasoning_effort: effort.as_deref(),
+        reasoning_effort: effort,
+        tool_choice: body.get("tool_choice"),
+        response_format: body.get("response_format"),
+        thinking: decision,
         chat_template_kwargs: kwargs,
     };
-    template.render(&input).map_err(|e| bad("chat_template_error", e))
+    let thinks = template.thinking().thinks(decision);
+    let text = template.render(&input).map_err(|e| bad("chat_template_error", e))?;
+    Ok((text, thinks))
 }
 
 /// A string, an array of strings, an array of token ids, or an array of such arrays.

@@ -223,6 +223,7 @@ fn engine_request(prep: &Prepared, rid: String, ids: &[u32]) -> GenerateRequest 
         sampling_params: Some(prep.params.clone()),
         logprob_start_len: -1,
         stream: prep.stream,
+        require_reasoning: prep.reasoning,
         ..Default::default()
     }
 }

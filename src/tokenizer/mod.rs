@@ -3,8 +3,9 @@
 //! detokenizer. Loaded once per model, off the request path, and shared by every shard.
 //!
 //! `byte_bpe.rs` is a faster encode for GPT-2-style byte-level BPE; `config.rs` reads
-//! `tokenizer_config.json`; `template.rs` renders the chat template (with
-//! `pyjson.rs`'s `tojson` and `json_value.rs`'s request values); `decode.rs` turns a token
+//! `tokenizer_config.json`; `template.rs` renders the chat template (with `thinking.rs`'s
+//! reasoning-mode decision, `pyjson.rs`'s `tojson` and `json_value.rs`'s request values);
+//! `decode.rs` turns a token
 //! stream back into text; `gguf.rs` reads a GGUF file's metadata and `from_gguf.rs` turns a
 //! llama.cpp model's vocabulary into the two Hugging Face files.
 
@@ -16,12 +17,14 @@ pub mod gguf;
 pub mod json_value;
 pub mod pyjson;
 pub mod template;
+pub mod thinking;
 
 use std::path::Path;
 
 pub use config::TokenizerConfig;
 pub use decode::IncrementalDecoder;
 pub use template::{ChatTemplate, TemplateInput};
+pub use thinking::{ThinkingAsk, ThinkingStyle};
 
 /// A model's tokenizer, chat template and detokenizer table.
 pub struct Tokenizer {

@@ -3,8 +3,9 @@
 //! transformers' `apply_chat_template` gives it: `trim_blocks` and `lstrip_blocks`, loop
 //! controls, Python string/dict/list methods (minijinja-contrib's pycompat: `.strip()`,
 //! `.startswith()`, `.items()`, …), `raise_exception`, `strftime_now`, a Python `tojson`,
-//! and as variables the named special tokens, `chat_template_kwargs`, then `messages`,
-//! `tools`, `add_generation_prompt` and `reasoning_effort`.
+//! and as variables the named special tokens, what the gateway passes (`reasoning_effort`,
+//! `tool_choice`, `response_format`, the thinking decision under the template's own toggle),
+//! `chat_template_kwargs` over those, then `messages`, `tools` and `add_generation_prompt`.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +13,7 @@ use minijinja::value::ValueKind;
 use minijinja::{Environment, Error, ErrorKind, Value};
 
 use super::config::TokenizerConfig;
+use super::thinking::ThinkingStyle;
 
 const NAME: &str = "chat";
 
@@ -23,7 +25,13 @@ pub struct TemplateInput<'a> {
     pub add_generation_prompt: bool,
     pub tools: Option<&'a sonic_rs::Value>,
     pub reasoning_effort: Option<&'a str>,
-    /// An object whose keys become template variables (`enable_thinking`, …).
+    pub tool_choice: Option<&'a sonic_rs::Value>,
+    pub response_format: Option<&'a sonic_rs::Value>,
+    /// Whether the model starts in reasoning mode (None: the template's default), written
+    /// under the template's toggle variable.
+    pub thinking: Option<bool>,
+    /// An object whose keys become template variables (`enable_thinking`, …); an entry
+    /// wins over what the gateway passes.
     pub chat_template_kwargs: Option<&'a sonic_rs::Value>,
 }
 
@@ -31,6 +39,7 @@ pub struct TemplateInput<'a> {
 pub struct ChatTemplate {
     env: Environment<'static>,
     specials: Vec<(&'static str, String)>,
+    thinking: ThinkingStyle,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -62,7 +71,12 @@ impl ChatTemplate {
         });
         env.add_template_owned(NAME, source.to_string()).map_err(|e| format!("chat template: {e:#}"))?;
         let specials = config.special_tokens().map(|(k, v)| (k, v.to_string())).collect();
-        Ok(ChatTemplate { env, specials })
+        Ok(ChatTemplate { env, specials, thinking: ThinkingStyle::detect(source) })
+    }
+
+    /// What the template's source says about thinking.
+    pub fn thinking(&self) -> &ThinkingStyle {
+        &self.thinking
     }
 
     /// Renders the prompt text for `input`.
@@ -70,6 +84,17 @@ impl ChatTemplate {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         for (k, v) in &self.specials {
             ctx.insert((*k).to_string(), Value::from(v.as_str()));
+        }
+        if let Some(effort) = input.reasoning_effort {
+            ctx.insert("reasoning_effort".into(), Value::from(effort));
+        }
+        for (name, v) in [("tool_choice", input.tool_choice), ("response_format", input.response_format)] {
+            if let Some(v) = v {
+                ctx.insert(name.into(), super::json_value::to_value(v));
+            }
+        }
+        if let (Some(on), Some(key)) = (input.thinking, self.thinking.key) {
+            ctx.insert(key.into(), Value::from(on));
         }
         // transformers: `render(messages=…, tools=…, add_generation_prompt=…,
         // **special_tokens_map, **kwargs)`; a kwarg may replace a special token.
@@ -88,9 +113,6 @@ impl ChatTemplate {
         // Absent tools are `None` to Python templates (`{% if tools %}`, `tools is not none`).
         ctx.insert("tools".into(), input.tools.map(super::json_value::to_value).unwrap_or(Value::from(())));
         ctx.insert("add_generation_prompt".into(), Value::from(input.add_generation_prompt));
-        if let Some(effort) = input.reasoning_effort {
-            ctx.insert("reasoning_effort".into(), Value::from(effort));
-        }
         let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
         tmpl.render(Value::from(ctx)).map_err(|e| describe(&e))
     }
@@ -218,6 +240,26 @@ mod tests {
         let empty = json("[]");
         let err = t.render(&TemplateInput { messages: Some(&empty), ..Default::default() }).unwrap_err();
         assert_eq!(err, "no messages");
+    }
+
+    #[test]
+    fn the_thinking_decision_goes_under_the_templates_toggle_and_kwargs_win() {
+        let src = "{{ enable_thinking | default('unset') }}|{{ thinking | default('unset') }}|{{ tool_choice | default('-') }}|{{ reasoning_effort | default('-') }}";
+        let t = ChatTemplate::new(src, &cfg()).unwrap();
+        assert_eq!(t.thinking().key, Some("enable_thinking"));
+        let choice = json(r#""auto""#);
+        let input = TemplateInput { thinking: Some(false), tool_choice: Some(&choice), ..Default::default() };
+        assert_eq!(t.render(&input).unwrap(), "False|unset|auto|-");
+        let kw = json(r#"{"enable_thinking": true, "tool_choice": "none", "reasoning_effort": "low"}"#);
+        let input = TemplateInput {
+            thinking: Some(false),
+            tool_choice: Some(&choice),
+            reasoning_effort: Some("high"),
+            chat_template_kwargs: Some(&kw),
+            ..Default::default()
+        };
+        assert_eq!(t.render(&input).unwrap(), "True|unset|none|low");
+        assert_eq!(t.render(&TemplateInput::default()).unwrap(), "unset|unset|-|-");
     }
 
     #[test]

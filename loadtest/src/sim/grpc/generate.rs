@@ -14,7 +14,8 @@
 //!
 //! `custom_params.sim_output` (a string) replaces the words with that text's bytes, one byte
 //! token each, then the stop token: gateway tests get multi-byte characters and stop strings
-//! split across tokens on purpose.
+//! split across tokens on purpose; `custom_params.sim_echo_prompt: true` answers with the
+//! prompt's own token ids (tests read back what the gateway rendered).
 
 use std::rc::Rc;
 
@@ -147,7 +148,7 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         Fault::None => {}
     }
     let t = w.timing.get();
-    let forced = requested_output(&sp);
+    let forced = requested_output(&sp).or_else(|| echo_prompt(&sp).then(|| ids.to_vec()));
     let stop_id = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
     let (length, natural_stop) = match (&forced, sp.max_new_tokens) {
         (Some(f), Some(m)) if m as usize <= f.len() => (m, None),
@@ -185,6 +186,13 @@ fn requested_output(sp: &smg_proto::scheduler::SamplingParams) -> Option<Vec<u32
         Kind::StringValue(s) => Some(s.bytes().map(tokenizer::byte_id).collect()),
         _ => None,
     }
+}
+
+/// `custom_params.sim_echo_prompt`: answer with the prompt's token ids.
+fn echo_prompt(sp: &smg_proto::scheduler::SamplingParams) -> bool {
+    use prost_types::value::Kind;
+    let v = sp.custom_params.as_ref().and_then(|c| c.fields.get("sim_echo_prompt"));
+    matches!(v.and_then(|v| v.kind.as_ref()), Some(Kind::BoolValue(true)))
 }
 
 /// `custom_params.sim_error`: a per-request engine error for gateway tests.
@@ -420,7 +428,7 @@ fn describe(req: &GenerateRequest) -> String {
     };
     let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
     format!(
-        "{{\"request_id\":{},\"input_tokens\":{ids},\"stream\":{},\"n\":{},\"max_new_tokens\":{},\"temperature\":{},\"top_p\":{},\"top_k\":{},\"min_p\":{},\"frequency_penalty\":{},\"presence_penalty\":{},\"repetition_penalty\":{},\"stop\":[{}],\"stop_token_ids\":[{}],\"skip_special_tokens\":{},\"spaces_between_special_tokens\":{},\"ignore_eos\":{},\"no_stop_trim\":{},\"min_new_tokens\":{},\"constraint\":{constraint},\"return_logprob\":{},\"top_logprobs_num\":{},\"data_parallel_rank\":{}}}",
+        "{{\"request_id\":{},\"input_tokens\":{ids},\"stream\":{},\"n\":{},\"max_new_tokens\":{},\"temperature\":{},\"top_p\":{},\"top_k\":{},\"min_p\":{},\"frequency_penalty\":{},\"presence_penalty\":{},\"repetition_penalty\":{},\"stop\":[{}],\"stop_token_ids\":[{}],\"skip_special_tokens\":{},\"spaces_between_special_tokens\":{},\"ignore_eos\":{},\"no_stop_trim\":{},\"min_new_tokens\":{},\"constraint\":{constraint},\"return_logprob\":{},\"top_logprobs_num\":{},\"data_parallel_rank\":{},\"require_reasoning\":{}}}",
         q(&req.request_id),
         req.stream,
         sp.n,
@@ -442,6 +450,7 @@ fn describe(req: &GenerateRequest) -> String {
         req.return_logprob,
         req.top_logprobs_num,
         opt(req.data_parallel_rank.map(|v| v.to_string())),
+        req.require_reasoning,
     )
 }
 
