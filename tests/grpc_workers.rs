@@ -524,3 +524,110 @@ fn the_thinking_decision_reaches_the_template_in_the_contracts_order() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn logprobs_come_back_per_token_in_both_openai_shapes() {
+    use smg_loadtest::sim::grpc::generate::{alternative_at, logprob_at};
+    let f32_of = |v: &sonic_rs::Value| v.as_f64().unwrap() as f32;
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        // Chat: 5 words (the stop token is not output), each with 2 alternatives.
+        let check_chat = |rid: &str, content: &[sonic_rs::Value], words: u32| {
+            assert_eq!(content.len(), words as usize, "{content:?}");
+            let seed = seed_of(rid);
+            for (k, e) in content.iter().enumerate() {
+                let k = k as u32;
+                let tok = token_at(seed, 0, k);
+                let text = token_text(tok);
+                assert_eq!(e["token"].as_str(), Some(text.as_str()));
+                assert_eq!(f32_of(&e["logprob"]), logprob_at(seed, 0, k));
+                let bytes: Vec<u64> = e["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+                assert_eq!(bytes, text.bytes().map(u64::from).collect::<Vec<_>>());
+                let top = e["top_logprobs"].as_array().unwrap();
+                assert_eq!(top.len(), 2, "{e:?}");
+                assert_eq!(top[0]["token"].as_str(), Some(text.as_str()));
+                let (alt, lp) = alternative_at(seed, 0, k, tok, 1);
+                assert_eq!(top[1]["token"].as_str(), Some(token_text(alt).as_str()));
+                assert_eq!(f32_of(&top[1]["logprob"]), lp);
+            }
+        };
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","logprobs":true,"top_logprobs":2"#), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let last = sim.stats()["grpc"]["last_generate"].clone();
+        assert_eq!(last["return_logprob"].as_bool(), Some(true));
+        assert_eq!(last["top_logprobs_num"].as_i64(), Some(2));
+        let rid = v["id"].as_str().unwrap().to_string();
+        check_chat(&rid, v["choices"][0]["logprobs"]["content"].as_array().unwrap(), 5);
+        // Without logprobs: null, and the engine is not asked.
+        let v = post(gw.port, "/v1/chat/completions", &chat(""), &[]).json();
+        assert!(v["choices"][0]["logprobs"].is_null(), "{v:?}");
+        assert_eq!(sim.stats()["grpc"]["last_generate"]["return_logprob"].as_bool(), Some(false));
+        // Streaming: each chunk carries its tokens' entries.
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","logprobs":true,"top_logprobs":2,"stream":true"#), &[]);
+        let evs = json_events(&r);
+        let rid = evs[0]["id"].as_str().unwrap().to_string();
+        let content: Vec<sonic_rs::Value> = evs
+            .iter()
+            .flat_map(|e| e["choices"].as_array().unwrap().iter().cloned().collect::<Vec<_>>())
+            .filter_map(|c| c["logprobs"]["content"].as_array().cloned())
+            .flat_map(|a| a.iter().cloned().collect::<Vec<_>>())
+            .collect();
+        check_chat(&rid, &content, 5);
+        // A stop string: entries for the tokens up to the one that completed it, no further.
+        let body = chat(r#","logprobs":true,"stop":["c"],"custom_params":{"sim_output":"ab cd"}"#);
+        let v = post(gw.port, "/v1/chat/completions", &body, &[]).json();
+        assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some("ab "), "{v:?}");
+        let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+        let tokens: Vec<&str> = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
+        assert_eq!(tokens, ["a", "b", " ", "c"]);
+        assert!(content.iter().all(|e| e["top_logprobs"].as_array().unwrap().is_empty()));
+        // Completions: the legacy shape, text_offset in characters of the completion text.
+        let check_legacy = |rid: &str, lp: &sonic_rs::Value, text: &str| {
+            let seed = seed_of(rid);
+            let tokens: Vec<String> =
+                lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+            assert_eq!(tokens.concat(), text);
+            assert_eq!(tokens.len(), 5);
+            let mut at = 0u64;
+            for k in 0..5u32 {
+                let tok = token_at(seed, 0, k);
+                assert_eq!(tokens[k as usize], token_text(tok));
+                assert_eq!(f32_of(&lp["token_logprobs"][k as usize]), logprob_at(seed, 0, k));
+                let top = lp["top_logprobs"][k as usize].as_object().unwrap();
+                assert_eq!(top.len(), 2, "{lp:?}");
+                let (alt, alt_lp) = alternative_at(seed, 0, k, tok, 1);
+                assert_eq!(f32_of(top.get(&token_text(alt)).unwrap()), alt_lp);
+                assert_eq!(lp["text_offset"][k as usize].as_u64(), Some(at));
+                at += token_text(tok).chars().count() as u64;
+            }
+        };
+        let r = post(gw.port, "/v1/completions", &completion("\"Once\"", r#","logprobs":2"#), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let rid = v["id"].as_str().unwrap().to_string();
+        check_legacy(&rid, &v["choices"][0]["logprobs"], v["choices"][0]["text"].as_str().unwrap());
+        let r = post(gw.port, "/v1/completions", &completion("\"Once\"", r#","logprobs":2,"stream":true"#), &[]);
+        let evs = json_events(&r);
+        let rid = evs[0]["id"].as_str().unwrap().to_string();
+        // The chunks' arrays laid end to end: one legacy object for the whole stream.
+        let keys = ["tokens", "token_logprobs", "top_logprobs", "text_offset"];
+        let mut merged: Vec<Vec<String>> = vec![Vec::new(); keys.len()];
+        let mut text = String::new();
+        for e in &evs {
+            let c = &e["choices"][0];
+            text.push_str(c["text"].as_str().unwrap_or(""));
+            if c["logprobs"].is_null() {
+                continue;
+            }
+            for (k, key) in keys.iter().enumerate() {
+                merged[k].extend(c["logprobs"][*key].as_array().unwrap().iter().map(|v| v.to_string()));
+            }
+        }
+        let fields: Vec<String> =
+            keys.iter().zip(&merged).map(|(k, vals)| format!("\"{k}\":[{}]", vals.join(","))).collect();
+        let whole: sonic_rs::Value = sonic_rs::from_str(&format!("{{{}}}", fields.join(","))).unwrap();
+        check_legacy(&rid, &whole, &text);
+    });
+}

@@ -6,10 +6,12 @@
 //! - `bundle`: GetTokenizer's zip archive;
 //! - `conn`: a shard's multiplexed h2 connection per worker, over monoio's poll-io bridge;
 //! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
-//! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages.
+//! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages, with
+//!   `logprobs`' token log-probabilities.
 
 pub mod bundle;
 pub mod conn;
+pub mod logprobs;
 pub mod model;
 pub mod reply;
 pub mod request;

@@ -34,6 +34,19 @@ pub struct Choice<'a> {
     pub index: u32,
     pub text: &'a str,
     pub finish_reason: &'a str,
+    /// Its `logprobs` value as JSON (`null` when None).
+    pub logprobs: Option<&'a [u8]>,
+}
+
+/// What one SSE chunk says of its choice.
+#[derive(Default)]
+pub struct Delta<'a> {
+    /// The assistant role (chat's first chunk of a choice).
+    pub role: bool,
+    pub text: Option<&'a str>,
+    pub finish: Option<&'a str>,
+    /// The `logprobs` value as JSON (`null` when None).
+    pub logprobs: Option<&'a [u8]>,
 }
 
 fn put_usage(out: &mut Vec<u8>, u: &Usage) {
@@ -68,8 +81,10 @@ fn put_head(out: &mut Vec<u8>, m: &Meta<'_>, chunk: bool) {
     out.extend_from_slice(b",\"choices\":[");
 }
 
-fn put_finish(out: &mut Vec<u8>, finish: Option<&str>) {
-    out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":");
+fn put_finish(out: &mut Vec<u8>, logprobs: Option<&[u8]>, finish: Option<&str>) {
+    out.extend_from_slice(b",\"logprobs\":");
+    out.extend_from_slice(logprobs.unwrap_or(b"null"));
+    out.extend_from_slice(b",\"finish_reason\":");
     match finish {
         Some(f) => put_str(out, f),
         None => out.extend_from_slice(b"null"),
@@ -98,7 +113,7 @@ pub fn full(m: &Meta<'_>, choices: &[Choice<'_>], usage: &Usage) -> Vec<u8> {
                 put_str(&mut out, c.text);
             }
         }
-        put_finish(&mut out, Some(c.finish_reason));
+        put_finish(&mut out, c.logprobs, Some(c.finish_reason));
     }
     out.extend_from_slice(b"],\"usage\":");
     put_usage(&mut out, usage);
@@ -106,17 +121,9 @@ pub fn full(m: &Meta<'_>, choices: &[Choice<'_>], usage: &Usage) -> Vec<u8> {
     out
 }
 
-/// One SSE event for choice `index`: the assistant role (chat's first chunk), text, and/or
-/// a finish reason; `usage` when continuous usage stats are on.
-pub fn chunk(
-    out: &mut Vec<u8>,
-    m: &Meta<'_>,
-    index: u32,
-    role: bool,
-    text: Option<&str>,
-    finish: Option<&str>,
-    usage: Option<&Usage>,
-) {
+/// One SSE event for choice `index`; `usage` when continuous usage stats are on.
+pub fn chunk(out: &mut Vec<u8>, m: &Meta<'_>, index: u32, d: &Delta<'_>, usage: Option<&Usage>) {
+    let (role, text) = (d.role, d.text);
     out.extend_from_slice(b"data: ");
     put_head(out, m, true);
     out.extend_from_slice(b"{\"index\":");
@@ -143,7 +150,7 @@ pub fn chunk(
             put_str(out, text.unwrap_or(""));
         }
     }
-    put_finish(out, finish);
+    put_finish(out, d.logprobs, d.finish);
     out.push(b']');
     if let Some(u) = usage {
         out.extend_from_slice(b",\"usage\":");
@@ -188,14 +195,14 @@ mod tests {
     fn bodies_are_openai_json() {
         let m = Meta { kind: Kind::Chat, id: "chatcmpl-1", created: 7, model: "m" };
         let u = Usage { prompt: 3, completion: 2, cached: 1, reasoning: 0 };
-        let body = full(&m, &[Choice { index: 0, text: "hi \"x\"", finish_reason: "stop" }], &u);
+        let body = full(&m, &[Choice { index: 0, text: "hi \"x\"", finish_reason: "stop", logprobs: None }], &u);
         let v: sonic_rs::Value = sonic_rs::from_slice(&body).unwrap();
         use sonic_rs::{JsonContainerTrait, JsonValueTrait};
         assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some("hi \"x\""));
         assert_eq!(v["usage"]["total_tokens"].as_u64(), Some(5));
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(1));
         let mut out = Vec::new();
-        chunk(&mut out, &m, 1, true, None, None, Some(&u));
+        chunk(&mut out, &m, 1, &Delta { role: true, ..Delta::default() }, Some(&u));
         let s = String::from_utf8(out).unwrap();
         assert!(s.starts_with("data: {") && s.ends_with("}\n\n"), "{s}");
         let v: sonic_rs::Value = sonic_rs::from_str(&s[6..]).unwrap();

@@ -34,6 +34,8 @@ pub struct Prepared {
     pub skip_special: bool,
     /// The model starts in reasoning mode (the engine then counts reasoning tokens).
     pub reasoning: bool,
+    /// Log-probabilities asked for, with this many top alternatives per token.
+    pub logprobs: Option<u32>,
 }
 
 fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -68,7 +70,15 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
     let flag = |k: &str| opts.and_then(|o| o.get(k)).and_then(|v| v.as_bool()).unwrap_or(false);
     let include_usage = stream && flag("include_usage");
     let params = sampling(kind, body, model, &stop, n)?;
+    let top = |k: &str| body.get(k).and_then(|v| v.as_u64()).map(|v| v.min(u32::MAX as u64) as u32);
+    let logprobs = match kind {
+        Kind::Chat => {
+            (body.get("logprobs").and_then(|v| v.as_bool()) == Some(true)).then(|| top("top_logprobs").unwrap_or(0))
+        }
+        Kind::Completions => top("logprobs"),
+    };
     Ok(Prepared {
+        logprobs,
         prompts,
         n,
         stream,

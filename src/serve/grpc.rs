@@ -31,8 +31,9 @@ use super::pick::pick_worker;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract::Endpoint;
 use crate::grpc::conn::{self, Call, Limits};
+use crate::grpc::logprobs::{self, Entry, Offset};
 use crate::grpc::model::GrpcModel;
-use crate::grpc::reply::{self, Choice, Meta, Usage};
+use crate::grpc::reply::{self, Choice, Delta, Meta, Usage};
 use crate::grpc::request::{self, Kind, Prepared};
 use crate::grpc::stop::StopMatcher;
 use crate::grpc::wire::{Code, Status};
@@ -224,6 +225,8 @@ fn engine_request(prep: &Prepared, rid: String, ids: &[u32]) -> GenerateRequest 
         logprob_start_len: -1,
         stream: prep.stream,
         require_reasoning: prep.reasoning,
+        return_logprob: prep.logprobs.is_some(),
+        top_logprobs_num: prep.logprobs.map_or(0, |k| k.min(i32::MAX as u32) as i32),
         ..Default::default()
     }
 }
@@ -293,21 +296,48 @@ struct ChoiceState<'a> {
     role_sent: bool,
     /// The engine sent this sample's GenerateComplete.
     engine_done: bool,
+    /// Log-probabilities of tokens whose text has not been sent yet.
+    lp: Vec<Entry>,
+    lp_offset: Offset,
 }
 
 impl ChoiceState<'_> {
     /// Decodes `ids` and returns the text that is certain (a possible stop string's start
     /// is held back; nothing after a stop string comes out).
     /// `emit` gets the text; `piece` is scratch (both reused across tokens: no allocation
-    /// per token).
-    fn feed(&mut self, ids: &[u32], emit: &mut String, piece: &mut String) {
-        for &t in ids {
+    /// per token). Returns how many of `ids` were taken (the rest follow a stop string).
+    fn feed(&mut self, ids: &[u32], emit: &mut String, piece: &mut String) -> usize {
+        for (i, &t) in ids.iter().enumerate() {
             piece.clear();
             self.decoder.step(t, piece);
             if self.stop.push(piece, emit) {
-                break;
+                return i + 1;
             }
         }
+        ids.len()
+    }
+
+    /// Keeps the log-probabilities of the first `taken` tokens of a message.
+    fn keep_logprobs(&mut self, lp: Option<&smg_proto::scheduler::OutputLogProbs>, taken: usize) {
+        if let Some(lp) = lp {
+            logprobs::take(lp, 0, taken, &mut self.lp);
+        }
+    }
+
+    /// The pending log-probabilities as JSON into `out` (cleared first); false when
+    /// none were asked for.
+    fn render_logprobs(
+        &mut self,
+        prep: &Prepared,
+        kind: Kind,
+        tok: &crate::tokenizer::Tokenizer,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let Some(top) = prep.logprobs else { return false };
+        out.clear();
+        logprobs::put(out, kind, tok, &self.lp, top, &mut self.lp_offset);
+        self.lp.clear();
+        true
     }
 
     /// The sample ended: what the decoder and the stop matcher still hold.
@@ -355,6 +385,8 @@ async fn respond(
             reasoning: 0,
             role_sent: false,
             engine_done: false,
+            lp: Vec::new(),
+            lp_offset: Offset::default(),
         })
         .collect();
     let mut counts = vec![PromptCounts::default(); prep.prompts.len()];
@@ -372,6 +404,8 @@ async fn respond(
         let mut events: Vec<u8> = Vec::new();
         // A message's decoded text, and the decoder's scratch: reused for every message.
         let (mut text, mut piece) = (String::new(), String::new());
+        // A chunk's `logprobs` JSON, reused.
+        let mut lp_json: Vec<u8> = Vec::new();
         loop {
             let msg = match next.take() {
                 Some(m) => m,
@@ -410,7 +444,10 @@ async fn respond(
                     st.completion = c.completion_tokens as u64;
                     st.reasoning = c.reasoning_tokens as u64;
                     text.clear();
-                    st.feed(&c.token_ids, &mut text, &mut piece);
+                    let taken = st.feed(&c.token_ids, &mut text, &mut piece);
+                    if prep.logprobs.is_some() {
+                        st.keep_logprobs(c.output_logprobs.as_ref(), taken);
+                    }
                     if st.stop.stopped() {
                         st.finish = Some("stop".into());
                     }
@@ -429,7 +466,10 @@ async fn respond(
                     // Streaming: the tokens came in chunks; the whole output otherwise.
                     text.clear();
                     if !prep.stream {
-                        st.feed(&c.output_ids, &mut text, &mut piece);
+                        let taken = st.feed(&c.output_ids, &mut text, &mut piece);
+                        if prep.logprobs.is_some() {
+                            st.keep_logprobs(c.output_logprobs.as_ref(), taken);
+                        }
                     }
                     st.end(&mut text, &mut piece);
                     if st.stop.stopped() {
@@ -454,11 +494,18 @@ async fn respond(
                 let role = kind == Kind::Chat && !st.role_sent;
                 st.role_sent = true;
                 if role {
-                    reply::chunk(&mut events, &meta, i as u32, true, None, None, usage.as_ref());
+                    let d = Delta { role: true, ..Delta::default() };
+                    reply::chunk(&mut events, &meta, i as u32, &d, usage.as_ref());
                 }
                 if !text.is_empty() || st.finish.is_some() {
-                    let t = (!text.is_empty()).then_some(text.as_str());
-                    reply::chunk(&mut events, &meta, i as u32, false, t, st.finish.as_deref(), usage.as_ref());
+                    let lp = st.render_logprobs(prep, kind, tok, &mut lp_json);
+                    let d = Delta {
+                        role: false,
+                        text: (!text.is_empty()).then_some(text.as_str()),
+                        finish: st.finish.as_deref(),
+                        logprobs: lp.then_some(lp_json.as_slice()),
+                    };
+                    reply::chunk(&mut events, &meta, i as u32, &d, usage.as_ref());
                 }
             } else {
                 choices[i].text.push_str(&text);
@@ -530,13 +577,22 @@ async fn respond(
             return Outcome::ClientGone;
         }
     } else {
+        let lps: Vec<Option<Vec<u8>>> = choices
+            .iter_mut()
+            .map(|c| {
+                let mut out = Vec::new();
+                c.render_logprobs(prep, kind, tok, &mut out).then_some(out)
+            })
+            .collect();
         let list: Vec<Choice<'_>> = choices
             .iter()
+            .zip(&lps)
             .enumerate()
-            .map(|(i, c)| Choice {
+            .map(|(i, (c, lp))| Choice {
                 index: i as u32,
                 text: &c.text,
                 finish_reason: c.finish.as_deref().unwrap_or("stop"),
+                logprobs: lp.as_deref(),
             })
             .collect();
         let body = reply::full(&meta, &list, &usage);

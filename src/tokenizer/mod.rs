@@ -155,6 +155,15 @@ impl Tokenizer {
         out
     }
 
+    /// Token `id`'s own bytes, specials included (a byte-level piece may be part of a
+    /// character): what logprobs show for one token.
+    pub fn token_bytes(&self, id: u32) -> std::borrow::Cow<'_, [u8]> {
+        match &self.table {
+            Some(t) => std::borrow::Cow::Borrowed(t.get(id)),
+            None => std::borrow::Cow::Owned(self.hf.decode(&[id], false).unwrap_or_default().into_bytes()),
+        }
+    }
+
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.template.as_ref()
     }

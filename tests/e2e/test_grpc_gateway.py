@@ -97,3 +97,28 @@ def test_engine_error_is_the_documented_code(client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        extra_body={"custom_params": {"sim_error": "RESOURCE_EXHAUSTED"}})
     assert e.value.body["code"] == "start_generation_failed"
+
+
+def test_logprobs_parse_in_the_sdk(client):
+    r = client.chat.completions.create(model=MODEL, max_tokens=4, logprobs=True, top_logprobs=3,
+                                       messages=[{"role": "user", "content": "Say something."}])
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    assert len(content) == 4
+    for t in content:
+        assert t.logprob <= 0 and bytes(t.bytes).decode() == t.token
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+    stream = client.chat.completions.create(model=MODEL, max_tokens=4, logprobs=True, stream=True,
+                                            messages=[{"role": "user", "content": "Say something."}])
+    tokens, text = [], ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+            if ch.logprobs and ch.logprobs.content:
+                tokens += [t.token for t in ch.logprobs.content]
+    assert "".join(tokens) == text and len(tokens) == 4
+    c = client.completions.create(model=MODEL, prompt="Once", max_tokens=3, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert "".join(lp.tokens) == c.choices[0].text and len(lp.token_logprobs) == 3
+    assert all(len(d) == 2 for d in lp.top_logprobs) and lp.text_offset[0] == 0

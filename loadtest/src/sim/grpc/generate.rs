@@ -8,6 +8,10 @@
 //! stop_token_ids entry, else `<|im_end|>`). A stop_token_ids entry drawn earlier ends that
 //! sample there. Stop tokens are counted in completion_tokens but not sent as output.
 //!
+//! With return_logprob each token carries a log-probability and top_logprobs_num alternatives
+//! (`logprob_at`, `alternative_at`: reproducible, the sampled token ranked first), in its
+//! chunk when streaming and in GenerateComplete otherwise.
+//!
 //! Faults: --fail-rate answers the status --fail-status maps to, or `custom_params.sim_error`
 //! ("RESOURCE_EXHAUSTED", "unavailable", "3"...) names one per request; --hang-rate never
 //! answers; --truncate-rate ends the stream with INTERNAL after some tokens.
@@ -25,7 +29,8 @@ use h2::{RecvStream, SendStream};
 use monoio::time::Instant;
 use smg_proto::scheduler::generate_complete::MatchedStop;
 use smg_proto::scheduler::{
-    generate_response, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk,
+    generate_response, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk, OutputLogProbs,
+    TopLogProbs,
 };
 
 use crate::sim::faults::{self, Fault};
@@ -234,9 +239,44 @@ pub fn seed_of(request_id: &str) -> u64 {
     request_id.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01B3))
 }
 
+/// The log-probability the simulated model gives token `k` of sample `index`.
+pub fn logprob_at(request_seed: u64, index: u32, k: u32) -> f32 {
+    let x = (request_seed ^ (k as u64).wrapping_mul(31) ^ (index as u64) << 20) % 997;
+    -(x as f32) / 400.0
+}
+
+/// The `rank`-th alternative (1 and up) to `token` at a position: another word, less likely.
+pub fn alternative_at(request_seed: u64, index: u32, k: u32, token: u32, rank: u32) -> (u32, f32) {
+    let mut alt = token_at(request_seed ^ rank as u64, index, k);
+    let mut salt = 0;
+    while alt == token {
+        salt += 1;
+        alt = token_at(request_seed ^ rank as u64 ^ salt << 40, index, k);
+    }
+    (alt, logprob_at(request_seed, index, k) - 0.75 * rank as f32)
+}
+
+/// `token`'s log-probability entry (one position) as OutputLogProbs, `top` alternatives with it.
+fn logprobs_for(request_seed: u64, index: u32, k: u32, token: u32, top: u32, out: &mut OutputLogProbs) {
+    let lp = logprob_at(request_seed, index, k);
+    out.token_logprobs.push(lp);
+    out.token_ids.push(token);
+    if top > 0 {
+        let mut t = TopLogProbs { values: vec![lp], token_ids: vec![token] };
+        for rank in 1..top {
+            let (id, v) = alternative_at(request_seed, index, k, token, rank);
+            t.token_ids.push(id);
+            t.values.push(v);
+        }
+        out.top_logprobs.push(t);
+    }
+}
+
 /// One sample's progress.
 struct Sample {
     output: Vec<u32>,
+    /// Log-probabilities of `output` (when asked for).
+    logprobs: OutputLogProbs,
     /// Tokens generated, stop token included.
     generated: u32,
     finished: Option<(&'static str, Option<u32>)>,
@@ -269,7 +309,9 @@ async fn generate(
 }
 
 fn samples(plan: &Plan) -> Vec<Sample> {
-    (0..plan.samples).map(|_| Sample { output: Vec::new(), generated: 0, finished: None }).collect()
+    (0..plan.samples)
+        .map(|_| Sample { output: Vec::new(), logprobs: OutputLogProbs::default(), generated: 0, finished: None })
+        .collect()
 }
 
 async fn decode(
@@ -325,13 +367,23 @@ async fn decode(
                 }
             }
             s.output.push(tok);
+            let top = req.top_logprobs_num.max(0) as u32;
+            if req.return_logprob && !req.stream {
+                logprobs_for(seed, i as u32, k, tok, top, &mut s.logprobs);
+            }
             if req.stream {
+                let output_logprobs = req.return_logprob.then(|| {
+                    let mut lp = OutputLogProbs::default();
+                    logprobs_for(seed, i as u32, k, tok, top, &mut lp);
+                    lp
+                });
                 let chunk = GenerateStreamChunk {
                     token_ids: vec![tok],
                     prompt_tokens: plan.prompt_tokens,
                     completion_tokens: s.generated,
                     cached_tokens: plan.cached_tokens,
                     index: i as u32,
+                    output_logprobs,
                     ..Default::default()
                 };
                 out.extend_from_slice(&wire::frame(&response(req, generate_response::Response::Chunk(chunk))));
@@ -361,7 +413,10 @@ fn finish_all(
     let mut out = BytesMut::new();
     for (i, s) in samples.iter_mut().enumerate() {
         let (finish_reason, matched) = s.finished.unwrap_or((reason, None));
+        // Streaming sent them with each token.
+        let output_logprobs = (req.return_logprob && !req.stream).then(|| std::mem::take(&mut s.logprobs));
         let complete = GenerateComplete {
+            output_logprobs,
             output_ids: std::mem::take(&mut s.output),
             finish_reason: finish_reason.into(),
             prompt_tokens: plan.prompt_tokens,

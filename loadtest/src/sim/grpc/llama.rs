@@ -7,6 +7,10 @@
 //! Sampling fields map to llama.cpp's names; stop strings stay the gateway's job (none are
 //! passed); `n` > 1 is refused (llama.cpp samples one sequence per call). An Abort, or the
 //! client going away, drops the llama.cpp connection, which makes it stop the generation.
+//!
+//! `return_logprob` asks llama.cpp for `n_probs` (`top_logprobs_num`, at least 1) and passes its
+//! `completion_probabilities` on as OutputLogProbs. llama.cpp reports none for a token that
+//! ends inside a UTF-8 character, so such a token's position has no entry.
 
 use std::net::SocketAddr;
 
@@ -16,7 +20,9 @@ use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use smg_proto::scheduler::generate_complete::MatchedStop;
-use smg_proto::scheduler::{generate_response, GenerateComplete, GenerateRequest, GenerateStreamChunk};
+use smg_proto::scheduler::{
+    generate_response, GenerateComplete, GenerateRequest, GenerateStreamChunk, OutputLogProbs, TopLogProbs,
+};
 use smg_wire::chunked::ChunkedDecoder;
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 
@@ -42,7 +48,8 @@ pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
 }
 
 /// The `/completion` body for one step: the prompt so far, one token to sample.
-fn body(sp: &smg_proto::scheduler::SamplingParams, ids: &[u32]) -> Vec<u8> {
+/// `n_probs`: the alternatives llama.cpp reports with the sampled token (0: none asked).
+fn body(sp: &smg_proto::scheduler::SamplingParams, ids: &[u32], n_probs: u32) -> Vec<u8> {
     let mut b = Vec::with_capacity(64 + ids.len() * 6);
     b.extend_from_slice(b"{\"prompt\":[");
     for (i, id) in ids.iter().enumerate() {
@@ -56,7 +63,7 @@ fn body(sp: &smg_proto::scheduler::SamplingParams, ids: &[u32]) -> Vec<u8> {
         format!(
             "],\"stream\":false,\"return_tokens\":true,\"cache_prompt\":true,\"n_predict\":1,\
              \"temperature\":{},\"top_p\":{},\"top_k\":{top_k},\"min_p\":{},\"repeat_penalty\":{},\
-             \"presence_penalty\":{},\"frequency_penalty\":{},\"ignore_eos\":{}}}",
+             \"presence_penalty\":{},\"frequency_penalty\":{},\"ignore_eos\":{},\"n_probs\":{n_probs}}}",
             sp.temperature,
             sp.top_p,
             sp.min_p,
@@ -92,14 +99,16 @@ pub(crate) async fn generate(
     }
     let prompt_tokens = ids.len() as u32;
     let max = sp.max_new_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-    let mut output: Vec<u32> = Vec::new();
-    while (output.len() as u32) < max {
-        let json = body(&sp, &ids);
+    let mut out = Output::default();
+    let top = req.top_logprobs_num.max(0) as u32;
+    let n_probs = if req.return_logprob { top.max(1) } else { 0 };
+    while (out.ids.len() as u32) < max {
+        let json = body(&sp, &ids, n_probs);
         let step = monoio::select! {
             r = complete_one(addr, &json) => r?,
             _ = abort.wait() => {
-                let n = output.len() as u32;
-                return finish(req, prompt_tokens, &mut output, n, "abort", None, send);
+                let n = out.ids.len() as u32;
+                return finish(req, prompt_tokens, &mut out, n, "abort", None, send);
             }
             _ = gone(send) => return Err(End::Gone),
         };
@@ -111,24 +120,62 @@ pub(crate) async fn generate(
         // like SGLang, the stop token counts as generated but is not part of the output.
         if step["stop_type"].as_str() == Some("eos") || tokens.is_empty() {
             let matched = tokens.last().copied().unwrap_or(EOS);
-            let n = output.len() as u32 + 1;
-            return finish(req, prompt_tokens, &mut output, n, "stop", Some(matched), send);
+            let n = out.ids.len() as u32 + 1;
+            return finish(req, prompt_tokens, &mut out, n, "stop", Some(matched), send);
         }
         ids.extend_from_slice(&tokens);
-        output.extend_from_slice(&tokens);
+        out.ids.extend_from_slice(&tokens);
+        let mut step_logprobs = OutputLogProbs::default();
+        if req.return_logprob {
+            step_probabilities(&step, top, &mut step_logprobs);
+        }
         if req.stream {
             let chunk = GenerateStreamChunk {
                 token_ids: tokens,
                 prompt_tokens,
-                completion_tokens: output.len() as u32,
+                completion_tokens: out.ids.len() as u32,
+                output_logprobs: req.return_logprob.then_some(step_logprobs),
                 ..Default::default()
             };
             let msg = wire::frame(&response(req, generate_response::Response::Chunk(chunk)));
             send.send_data(msg, false).map_err(|_| End::Gone)?;
+        } else {
+            out.logprobs.token_logprobs.extend(step_logprobs.token_logprobs);
+            out.logprobs.token_ids.extend(step_logprobs.token_ids);
+            out.logprobs.top_logprobs.extend(step_logprobs.top_logprobs);
         }
     }
-    let n = output.len() as u32;
-    finish(req, prompt_tokens, &mut output, n, "length", None, send)
+    let n = out.ids.len() as u32;
+    finish(req, prompt_tokens, &mut out, n, "length", None, send)
+}
+
+/// What a call has generated, for its GenerateComplete.
+#[derive(Default)]
+struct Output {
+    ids: Vec<u32>,
+    /// Non-streaming: every token's log-probabilities (a stream sent them with its chunks).
+    logprobs: OutputLogProbs,
+}
+
+/// llama.cpp's `completion_probabilities` of one step (`logprob`, `top_logprobs`, each with
+/// its `id`) as the engine's OutputLogProbs, `top` alternatives kept.
+fn step_probabilities(step: &sonic_rs::Value, top: u32, out: &mut OutputLogProbs) {
+    let Some(probs) = step["completion_probabilities"].as_array() else { return };
+    for p in probs.iter() {
+        let id = p["id"].as_u64().unwrap_or(0) as u32;
+        out.token_ids.push(id);
+        out.token_logprobs.push(p["logprob"].as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
+        if top > 0 {
+            let mut t = TopLogProbs::default();
+            for alt in
+                p["top_logprobs"].as_array().map(|a| a.iter().take(top as usize).collect()).unwrap_or_else(Vec::new)
+            {
+                t.token_ids.push(alt["id"].as_u64().unwrap_or(0) as u32);
+                t.values.push(alt["logprob"].as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
+            }
+            out.top_logprobs.push(t);
+        }
+    }
 }
 
 /// One `/completion` call on its own connection: the parsed JSON answer.
@@ -190,14 +237,15 @@ const EOS: u32 = 2;
 fn finish(
     req: &GenerateRequest,
     prompt_tokens: u32,
-    output: &mut Vec<u32>,
+    out: &mut Output,
     generated: u32,
     reason: &str,
     matched: Option<u32>,
     send: &mut SendStream<Bytes>,
 ) -> Result<(), End> {
     let complete = GenerateComplete {
-        output_ids: std::mem::take(output),
+        output_logprobs: (req.return_logprob && !req.stream).then(|| std::mem::take(&mut out.logprobs)),
+        output_ids: std::mem::take(&mut out.ids),
         finish_reason: reason.into(),
         prompt_tokens,
         completion_tokens: generated,
