@@ -631,3 +631,54 @@ fn logprobs_come_back_per_token_in_both_openai_shapes() {
         check_legacy(&rid, &whole, &text);
     });
 }
+
+#[test]
+fn deepseek_v4_streams_usage_on_its_finish_chunk() {
+    const DS: &str = "deepseek-ai/DeepSeek-V4-Flash";
+    both_drivers(|legacy| {
+        let sim = Sim::start(DS, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        let body = |extra: &str| {
+            format!(r#"{{"model":"{DS}","messages":[{{"role":"user","content":"Hi"}}],"stream":true{extra}}}"#)
+        };
+        let usage_members = |evs: &[sonic_rs::Value]| -> Vec<Option<bool>> {
+            // Per chunk: None (no member), Some(false) null, Some(true) an object.
+            evs.iter().map(|e| e.get("usage").map(|u| !u.is_null())).collect()
+        };
+        for extra in ["", r#","stream_options":{"include_usage":true,"continuous_usage_stats":true}"#] {
+            let r = post(gw.port, "/v1/chat/completions", &body(extra), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            let evs = json_events(&r);
+            // No usage-only chunk: every chunk has its choice.
+            assert!(evs.iter().all(|e| e["choices"].as_array().unwrap().len() == 1), "{extra}: {evs:?}");
+            let last = evs.last().unwrap();
+            assert_eq!(last["choices"][0]["finish_reason"].as_str(), Some("stop"));
+            let u = &last["usage"];
+            assert_eq!(u["completion_tokens"].as_u64(), Some(6), "{extra}: {last:?}");
+            assert_eq!(u["total_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() + 6));
+            let members = usage_members(&evs[..evs.len() - 1]);
+            let before = if extra.is_empty() { None } else { Some(false) };
+            assert!(members.iter().all(|m| *m == before), "{extra}: {members:?}");
+        }
+        // n = 2: only the last choice's finish chunk carries the aggregate.
+        let r = post(gw.port, "/v1/chat/completions", &body(r#","n":2"#), &[]);
+        let evs = json_events(&r);
+        let with_usage: Vec<&sonic_rs::Value> = evs.iter().filter(|e| e.get("usage").is_some()).collect();
+        assert_eq!(with_usage.len(), 1, "{evs:?}");
+        assert_eq!(with_usage[0]["usage"]["completion_tokens"].as_u64(), Some(12));
+        assert!(with_usage[0]["choices"][0]["finish_reason"].is_str());
+        // Another profile on the same path keeps the OpenAI format.
+        let sim2 = Sim::start(MODEL, FAST);
+        let gw2 = gateway(legacy, &[&sim2], &[]);
+        let r = post(
+            gw2.port,
+            "/v1/chat/completions",
+            &chat(r#","stream":true,"stream_options":{"include_usage":true}"#),
+            &[],
+        );
+        let evs = json_events(&r);
+        let last = evs.last().unwrap();
+        assert!(last["choices"].as_array().unwrap().is_empty() && last["usage"].is_object(), "{last:?}");
+        assert!(evs[..evs.len() - 1].iter().all(|e| e.get("usage").is_none()));
+    });
+}

@@ -98,6 +98,9 @@ pub struct Inspection {
     pub edits: Vec<Splice>,
     /// Things worth one log line for this request (e.g. dropped foreign-profile fields).
     pub warnings: Vec<String>,
+    /// The provider profile (chat; the OpenAI baseline elsewhere): gRPC replies follow its
+    /// stream format.
+    pub profile: Profile,
 }
 
 /// Validate `body` for `endpoint` and plan its rewrites.
@@ -153,6 +156,7 @@ fn inspect_chat(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspection, Con
         choices: chat.s.n.unwrap_or(1).max(1),
         edits: edits.finish(),
         warnings,
+        profile,
     })
 }
 
@@ -168,6 +172,7 @@ fn inspect_completion(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspectio
         choices: c.s.n.unwrap_or(1).max(1),
         edits: edits.finish(),
         warnings: Vec::new(),
+        profile: Profile::OpenAi,
     })
 }
 
@@ -177,7 +182,15 @@ fn inspect_decision(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspection,
     let mut edits = Edits::default();
     let name = d.doc.str(d.model);
     let model = resolve_model(&d.doc, d.model, &name, aliases, &mut edits);
-    Ok(Inspection { model, stream: false, max_output: None, choices: 1, edits: edits.finish(), warnings: Vec::new() })
+    Ok(Inspection {
+        model,
+        stream: false,
+        max_output: None,
+        choices: 1,
+        edits: edits.finish(),
+        warnings: Vec::new(),
+        profile: Profile::OpenAi,
+    })
 }
 
 /// The canonical model; an alias also gets a splice over the `model` string token.

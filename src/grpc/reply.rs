@@ -38,6 +38,15 @@ pub struct Choice<'a> {
     pub logprobs: Option<&'a [u8]>,
 }
 
+/// A chunk's `usage` member.
+#[derive(Clone, Copy)]
+pub enum ChunkUsage<'a> {
+    Absent,
+    /// `"usage": null` (DeepSeek's format, before the finish chunk).
+    Null,
+    Of(&'a Usage),
+}
+
 /// What one SSE chunk says of its choice.
 #[derive(Default)]
 pub struct Delta<'a> {
@@ -121,8 +130,8 @@ pub fn full(m: &Meta<'_>, choices: &[Choice<'_>], usage: &Usage) -> Vec<u8> {
     out
 }
 
-/// One SSE event for choice `index`; `usage` when continuous usage stats are on.
-pub fn chunk(out: &mut Vec<u8>, m: &Meta<'_>, index: u32, d: &Delta<'_>, usage: Option<&Usage>) {
+/// One SSE event for choice `index`; `usage` for continuous usage stats and DeepSeek's format.
+pub fn chunk(out: &mut Vec<u8>, m: &Meta<'_>, index: u32, d: &Delta<'_>, usage: ChunkUsage<'_>) {
     let (role, text) = (d.role, d.text);
     out.extend_from_slice(b"data: ");
     put_head(out, m, true);
@@ -152,9 +161,13 @@ pub fn chunk(out: &mut Vec<u8>, m: &Meta<'_>, index: u32, d: &Delta<'_>, usage: 
     }
     put_finish(out, d.logprobs, d.finish);
     out.push(b']');
-    if let Some(u) = usage {
-        out.extend_from_slice(b",\"usage\":");
-        put_usage(out, u);
+    match usage {
+        ChunkUsage::Absent => {}
+        ChunkUsage::Null => out.extend_from_slice(b",\"usage\":null"),
+        ChunkUsage::Of(u) => {
+            out.extend_from_slice(b",\"usage\":");
+            put_usage(out, u);
+        }
     }
     out.extend_from_slice(b"}\n\n");
 }
@@ -202,7 +215,7 @@ mod tests {
         assert_eq!(v["usage"]["total_tokens"].as_u64(), Some(5));
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(1));
         let mut out = Vec::new();
-        chunk(&mut out, &m, 1, &Delta { role: true, ..Delta::default() }, Some(&u));
+        chunk(&mut out, &m, 1, &Delta { role: true, ..Delta::default() }, ChunkUsage::Of(&u));
         let s = String::from_utf8(out).unwrap();
         assert!(s.starts_with("data: {") && s.ends_with("}\n\n"), "{s}");
         let v: sonic_rs::Value = sonic_rs::from_str(&s[6..]).unwrap();

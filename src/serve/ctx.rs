@@ -95,6 +95,8 @@ pub struct RequestCtx {
     pub http10: bool,
     /// The body was not read (an early answer): `finish` drains it or closes.
     pub body_unread: bool,
+    /// The body's provider profile (inspect), for replies the gateway assembles.
+    pub profile: crate::contract::Profile,
     _inflight: InflightGuard,
 }
 
@@ -145,6 +147,7 @@ impl RequestCtx {
             close: close || shard.is_draining(),
             http10,
             body_unread: false,
+            profile: crate::contract::Profile::OpenAi,
             _inflight: shard.begin_request(),
         }
     }

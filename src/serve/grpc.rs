@@ -33,7 +33,7 @@ use crate::contract::Endpoint;
 use crate::grpc::conn::{self, Call, Limits};
 use crate::grpc::logprobs::{self, Entry, Offset};
 use crate::grpc::model::GrpcModel;
-use crate::grpc::reply::{self, Choice, Delta, Meta, Usage};
+use crate::grpc::reply::{self, Choice, ChunkUsage, Delta, Meta, Usage};
 use crate::grpc::request::{self, Kind, Prepared};
 use crate::grpc::stop::StopMatcher;
 use crate::grpc::wire::{Code, Status};
@@ -394,6 +394,9 @@ async fn respond(
     let model_name = ctx.model.clone().unwrap_or_default();
     let meta = Meta { kind, id, created, model: &model_name };
     let mut out = Stream::new(ctx, head, prep.stream, &target.url, &shard.date());
+    // DeepSeek's stream format: the whole request's usage on the last finish chunk (asked
+    // for or not), `usage: null` before it when asked for, no usage-only chunk.
+    let deepseek = prep.stream && matches!(ctx.profile, crate::contract::Profile::DeepSeek { .. });
     let mut failure: Option<Status> = None;
     let mut gone = false;
     let mut watch = true;
@@ -489,13 +492,21 @@ async fn respond(
             };
             let Some(i) = update else { continue };
             if prep.stream {
-                let usage = prep.continuous_usage.then(|| usage_of(&choices, &counts));
+                let last_finish = deepseek && choices.iter().all(|c| c.finish.is_some());
+                let total = ((prep.continuous_usage && !deepseek) || last_finish).then(|| usage_of(&choices, &counts));
+                // Every chunk but DeepSeek's last finish chunk: the running usage (continuous
+                // stats), or DeepSeek's null when usage was asked for.
+                let before = match (&total, deepseek) {
+                    (_, true) if prep.include_usage => ChunkUsage::Null,
+                    (Some(u), false) => ChunkUsage::Of(u),
+                    _ => ChunkUsage::Absent,
+                };
                 let st = &mut choices[i];
                 let role = kind == Kind::Chat && !st.role_sent;
                 st.role_sent = true;
                 if role {
                     let d = Delta { role: true, ..Delta::default() };
-                    reply::chunk(&mut events, &meta, i as u32, &d, usage.as_ref());
+                    reply::chunk(&mut events, &meta, i as u32, &d, before);
                 }
                 if !text.is_empty() || st.finish.is_some() {
                     let lp = st.render_logprobs(prep, kind, tok, &mut lp_json);
@@ -505,7 +516,11 @@ async fn respond(
                         finish: st.finish.as_deref(),
                         logprobs: lp.then_some(lp_json.as_slice()),
                     };
-                    reply::chunk(&mut events, &meta, i as u32, &d, usage.as_ref());
+                    let usage = match &total {
+                        Some(u) if last_finish => ChunkUsage::Of(u),
+                        _ => before,
+                    };
+                    reply::chunk(&mut events, &meta, i as u32, &d, usage);
                 }
             } else {
                 choices[i].text.push_str(&text);
@@ -569,7 +584,7 @@ async fn respond(
     }
     if prep.stream {
         let mut events = Vec::new();
-        if prep.include_usage {
+        if prep.include_usage && !deepseek {
             reply::usage_chunk(&mut events, &meta, &usage);
         }
         events.extend_from_slice(reply::DONE);

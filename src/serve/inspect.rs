@@ -54,6 +54,7 @@ pub fn inspect(
     ctx.streaming = ins.stream;
     ctx.max_output = ins.max_output;
     ctx.choices = ins.choices;
+    ctx.profile = ins.profile;
     // Splices on the original bytes; no edits means no copy.
     if ins.edits.is_empty() {
         Ok(body)
