@@ -450,7 +450,7 @@ fn timeouts_bound_a_grpc_call() {
 /// The admin `/flush_cache` fan-out reaches a gRPC worker through the scheduler API's
 /// FlushCache (not an HTTP POST it cannot answer).
 #[test]
-fn flush_cache_reaches_grpc_workers_over_grpc() {
+fn admin_fan_outs_reach_grpc_workers_over_grpc() {
     both_drivers(|legacy| {
         let sim = Sim::start(MODEL, FAST);
         let gw = gateway(legacy, &[&sim], &[]);
@@ -461,6 +461,24 @@ fn flush_cache_reaches_grpc_workers_over_grpc() {
         assert_eq!(v["successful"].as_array().map(|a| a.len()), Some(1), "{}", r.text());
         assert_eq!(v["failed"].as_array().map(|a| a.len()), Some(0), "{}", r.text());
         assert_eq!(sim.stats()["grpc"]["rpcs"]["FlushCache"].as_u64(), Some(before + 1));
+        assert_eq!((v["grpc_workers"].as_u64(), v["http_workers"].as_u64()), (Some(1), Some(0)), "{v:?}");
+        // /get_loads asks GetLoads and shows it in SGLang's /v1/loads shape.
+        let before = sim.stats()["grpc"]["rpcs"]["GetLoads"].as_u64().unwrap_or(0);
+        let v = get(gw.port, "/get_loads").json();
+        let l = &v["loads"][0];
+        assert_eq!(l["worker"].as_str(), Some(sim.grpc_url().as_str()), "{v:?}");
+        assert_eq!(l["load"].as_i64(), Some(0), "an idle engine: {v:?}");
+        assert_eq!(l["details"]["loads"][0]["num_used_tokens"].as_i64(), Some(0), "{v:?}");
+        assert!(l["details"]["loads"][0]["max_total_num_tokens"].as_i64().unwrap() > 0, "{v:?}");
+        assert_eq!((v["successful"].as_u64(), v["failed"].as_u64()), (Some(1), Some(0)));
+        assert!(sim.stats()["grpc"]["rpcs"]["GetLoads"].as_u64().unwrap() > before);
+        // SMG's gRPC router has no server/model-info pass-through: 501, as there.
+        for (path, text) in
+            [("/get_server_info", "Server info not implemented"), ("/get_model_info", "Get model info not implemented")]
+        {
+            let r = get(gw.port, path);
+            assert_eq!((r.status, r.text().as_str()), (501, text), "{path}");
+        }
     });
 }
 

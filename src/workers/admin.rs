@@ -430,6 +430,7 @@ fn targets(fleet: &Fleet) -> Vec<(WorkerUrl, Option<String>)> {
 /// `POST /flush_cache` to every worker (FlushCache for gRPC ones), one result each (SMG's
 /// FlushCacheResult).
 async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration) -> AdminReply {
+    let targets_grpc = targets.iter().filter(|(u, _)| u.grpc).count();
     let tasks: Vec<_> = targets
         .into_iter()
         .map(|(u, key)| {
@@ -448,6 +449,7 @@ async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duratio
             })
         })
         .collect();
+    let grpc = targets_grpc;
     let (mut ok, mut failed) = (Vec::new(), Vec::new());
     for t in tasks {
         if let Ok((url, outcome)) = t.await {
@@ -485,7 +487,8 @@ async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duratio
     }
     b.extend_from_slice(
         format!(
-            "],\"total_workers\":{total},\"http_workers\":{total},\"grpc_workers\":0,\"zmq_workers\":0,\"message\":"
+            "],\"total_workers\":{total},\"http_workers\":{},\"grpc_workers\":{grpc},\"zmq_workers\":0,\"message\":",
+            total - grpc
         )
         .as_bytes(),
     );
@@ -501,6 +504,12 @@ async fn get_loads(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration)
         .into_iter()
         .map(|(u, key)| {
             tokio::spawn(async move {
+                // gRPC workers answer GetLoads; their details take the HTTP /v1/loads shape.
+                if u.grpc {
+                    let r = super::grpc_probe::load_details(&u, timeout).await;
+                    let details = r.as_ref().and_then(|(_, j)| sonic_rs::from_str::<Value>(j).ok());
+                    return (u.url, details);
+                }
                 let r = probe::request(&u, "GET", "/v1/loads", None, key.as_deref(), timeout).await;
                 let details = r
                     .ok()
@@ -537,11 +546,26 @@ async fn get_loads(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration)
 }
 
 /// `/get_server_info`, `/get_model_info`, `/health_generate`: the first routable worker's
-/// answer, passed through.
+/// answer, passed through. SMG's gRPC router implements none of the three (501, plain text):
+/// so when that worker is a gRPC one.
 async fn pass_through(first: Option<(WorkerUrl, Option<String>)>, path: String) -> AdminReply {
     let Some((url, key)) = first else {
         return gateway_error(ReplyError::NoWorkers);
     };
+    if url.grpc {
+        let what = match path.as_str() {
+            "/get_server_info" => "Server info not implemented",
+            "/get_model_info" => "Get model info not implemented",
+            _ => "Health generate not implemented",
+        };
+        return AdminReply {
+            status: 501,
+            content_type: "text/plain; charset=utf-8",
+            body: what.as_bytes().to_vec(),
+            location: None,
+            api_error: None,
+        };
+    }
     match probe::request(&url, "GET", &path, None, key.as_deref(), Duration::from_secs(30)).await {
         Ok(r) => json(r.status, r.body),
         Err(error) => gateway_error(ReplyError::Unreachable { worker: url.url, error }),

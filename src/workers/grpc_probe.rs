@@ -115,15 +115,19 @@ pub async fn flush_cache(url: &WorkerUrl, timeout: Duration) -> Result<(), Strin
     }
 }
 
-/// GetLoads as the load monitor's figures: requests (running + waiting) and waiting summed
-/// over the ranks, and their mean KV token usage.
-pub async fn loads(url: &WorkerUrl, timeout: Duration) -> Option<EngineLoad> {
-    let r: GetLoadsResponse = within(timeout, async {
+async fn get_loads(url: &WorkerUrl, timeout: Duration) -> Option<GetLoadsResponse> {
+    within(timeout, async {
         let mut send = connect(url).await?;
         unary(&mut send, url, path::GET_LOADS, &GetLoadsRequest { dp_rank: None, include: Vec::new() }).await
     })
     .await
-    .ok()?;
+    .ok()
+}
+
+/// GetLoads as the load monitor's figures: requests (running + waiting) and waiting summed
+/// over the ranks, and their mean KV token usage.
+pub async fn loads(url: &WorkerUrl, timeout: Duration) -> Option<EngineLoad> {
+    let r = get_loads(url, timeout).await?;
     if r.loads.is_empty() {
         return None;
     }
@@ -135,6 +139,55 @@ pub async fn loads(url: &WorkerUrl, timeout: Duration) -> Option<EngineLoad> {
     }
     l.token_usage = Some(r.loads.iter().map(|s| s.token_usage).sum::<f64>() / r.loads.len() as f64);
     Some(l)
+}
+
+/// GetLoads for the admin `/get_loads`: the ranks' used KV tokens summed (None when the
+/// engine reports no rank), and the answer as the JSON SGLang's HTTP `/v1/loads` gives
+/// (the scalar fields; the optional per-section metrics are left out).
+pub async fn load_details(url: &WorkerUrl, timeout: Duration) -> Option<(Option<u64>, String)> {
+    use std::fmt::Write as _;
+    let r = get_loads(url, timeout).await?;
+    let used = (!r.loads.is_empty()).then(|| r.loads.iter().map(|s| s.num_used_tokens.max(0) as u64).sum());
+    let mut j = String::with_capacity(256 + r.loads.len() * 320);
+    let q = |s: &str| sonic_rs::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    let _ = write!(
+        j,
+        "{{\"timestamp\":{},\"version\":{},\"dp_rank_count\":{},\"loads\":[",
+        q(&r.timestamp),
+        q(&r.version),
+        r.dp_rank_count
+    );
+    for (i, s) in r.loads.iter().enumerate() {
+        if i > 0 {
+            j.push(',');
+        }
+        let _ = write!(
+            j,
+            "{{\"dp_rank\":{},\"num_running_reqs\":{},\"num_waiting_reqs\":{},\"num_total_reqs\":{},\"num_used_tokens\":{},\"max_total_num_tokens\":{},\"token_usage\":{:?},\"gen_throughput\":{:?},\"cache_hit_rate\":{:?},\"utilization\":{:?},\"max_running_requests\":{},\"num_waiting_uncached_tokens\":{}}}",
+            s.dp_rank,
+            s.num_running_reqs,
+            s.num_waiting_reqs,
+            s.num_total_reqs,
+            s.num_used_tokens,
+            s.max_total_num_tokens,
+            s.token_usage,
+            s.gen_throughput,
+            s.cache_hit_rate,
+            s.utilization,
+            s.max_running_requests,
+            s.num_waiting_uncached_tokens,
+        );
+    }
+    j.push(']');
+    if let Some(a) = &r.aggregate {
+        let _ = write!(
+            j,
+            ",\"aggregate\":{{\"total_running_reqs\":{},\"total_waiting_reqs\":{},\"total_reqs\":{},\"avg_token_usage\":{:?},\"avg_throughput\":{:?},\"avg_utilization\":{:?}}}",
+            a.total_running_reqs, a.total_waiting_reqs, a.total_reqs, a.avg_token_usage, a.avg_throughput, a.avg_utilization
+        );
+    }
+    j.push('}');
+    Some((used, j))
 }
 
 /// Registration of a gRPC worker: the model (served_model_name, else model_path), the
