@@ -700,3 +700,49 @@ fn deepseek_v4_streams_usage_on_its_finish_chunk() {
         assert!(evs[..evs.len() - 1].iter().all(|e| e.get("usage").is_none()));
     });
 }
+
+#[test]
+fn completions_echo_the_prompt_and_append_the_suffix() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        let extra = r#","echo":true,"suffix":" END""#;
+        let v = post(gw.port, "/v1/completions", &completion("\"Once upon\"", extra), &[]).json();
+        let rid = v["id"].as_str().unwrap().to_string();
+        let want = format!("Once upon{} END", sim_text(&rid, 0, 5));
+        assert_eq!(v["choices"][0]["text"].as_str(), Some(want.as_str()), "{v:?}");
+        let r =
+            post(gw.port, "/v1/completions", &completion("\"Once upon\"", &format!("{extra},\"stream\":true")), &[]);
+        let evs = json_events(&r);
+        let rid = evs[0]["id"].as_str().unwrap().to_string();
+        let (text, fin) = streamed(&evs, false);
+        assert_eq!(text[0], format!("Once upon{} END", sim_text(&rid, 0, 5)));
+        assert_eq!(fin[0].as_deref(), Some("stop"));
+        assert!(evs[0]["choices"][0]["text"].as_str().unwrap().starts_with("Once upon"), "echo leads: {evs:?}");
+        // A token-id prompt is echoed as its text; two prompts each echo their own.
+        use smg_loadtest::sim::grpc::tokenizer::word;
+        let ids = [word(3, false), word(7, true)];
+        let prompt_text: String = ids.iter().map(|&t| token_text(t)).collect();
+        let v = post(
+            gw.port,
+            "/v1/completions",
+            &completion(&format!("[{},{}]", ids[0], ids[1]), r#","echo":true,"max_tokens":1"#),
+            &[],
+        )
+        .json();
+        assert!(v["choices"][0]["text"].as_str().unwrap().starts_with(&prompt_text), "{prompt_text:?}: {v:?}");
+        let v = post(
+            gw.port,
+            "/v1/completions",
+            &completion(r#"["alpha", "beta"]"#, r#","echo":true,"max_tokens":1"#),
+            &[],
+        )
+        .json();
+        let texts: Vec<&str> = v["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+        assert!(texts[0].starts_with("alpha") && texts[1].starts_with("beta"), "{texts:?}");
+        // Without echo and suffix: the generated text alone.
+        let v = post(gw.port, "/v1/completions", &completion("\"Once upon\"", ""), &[]).json();
+        let rid = v["id"].as_str().unwrap().to_string();
+        assert_eq!(v["choices"][0]["text"].as_str(), Some(sim_text(&rid, 0, 5).as_str()));
+    });
+}

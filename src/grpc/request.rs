@@ -36,6 +36,10 @@ pub struct Prepared {
     pub reasoning: bool,
     /// Log-probabilities asked for, with this many top alternatives per token.
     pub logprobs: Option<u32>,
+    /// Completions `echo`: each prompt's text, put before its choices' text.
+    pub echo: Vec<String>,
+    /// Completions `suffix`: put after each choice's text.
+    pub suffix: Option<String>,
 }
 
 fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -77,8 +81,21 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
         }
         Kind::Completions => top("logprobs"),
     };
+    let (echo, suffix) = match kind {
+        Kind::Chat => (Vec::new(), None),
+        Kind::Completions => {
+            let echo = if body.get("echo").and_then(|v| v.as_bool()) == Some(true) {
+                echo_texts(body, &prompts, model)
+            } else {
+                Vec::new()
+            };
+            (echo, body.get("suffix").and_then(|v| v.as_str()).filter(|s| !s.is_empty()).map(str::to_string))
+        }
+    };
     Ok(Prepared {
         logprobs,
+        echo,
+        suffix,
         prompts,
         n,
         stream,
@@ -190,6 +207,26 @@ fn completion_prompts(body: &Value, model: &GrpcModel) -> Result<Vec<Vec<u32>>, 
             JsonType::String => encode(x.as_str().unwrap_or("")),
             JsonType::Array => ids(x).ok_or_else(|| bad("400", "prompt token ids must be integers")),
             _ => Err(bad("400", "each prompt must be a string or an array of token ids")),
+        })
+        .collect()
+}
+
+/// Each prompt as text: a string as sent, token ids decoded.
+fn echo_texts(body: &Value, prompts: &[Vec<u32>], model: &GrpcModel) -> Vec<String> {
+    let p = body.get("prompt");
+    let sent: Vec<Option<&str>> = match p {
+        Some(s) if s.is_str() => vec![s.as_str()],
+        Some(a) if a.as_array().is_some_and(|a| a.iter().any(|x| !x.is_number())) => {
+            a.as_array().map(|a| a.iter().map(|x| x.as_str()).collect()).unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| match sent.get(i).copied().flatten() {
+            Some(s) => s.to_string(),
+            None => model.tokenizer.decode(ids, false),
         })
         .collect()
 }

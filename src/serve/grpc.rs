@@ -293,7 +293,8 @@ struct ChoiceState<'a> {
     finish: Option<String>,
     completion: u64,
     reasoning: u64,
-    role_sent: bool,
+    /// Its first chunk was written (chat's role chunk, completions' echo).
+    begun: bool,
     /// The engine sent this sample's GenerateComplete.
     engine_done: bool,
     /// Log-probabilities of tokens whose text has not been sent yet.
@@ -383,12 +384,18 @@ async fn respond(
             finish: None,
             completion: 0,
             reasoning: 0,
-            role_sent: false,
+            begun: false,
             engine_done: false,
             lp: Vec::new(),
             lp_offset: Offset::default(),
         })
         .collect();
+    // Completions' echo: the prompt's text starts each of its choices (and their offsets).
+    for (i, c) in choices.iter_mut().enumerate() {
+        if let Some(e) = prep.echo.get(i / n) {
+            c.lp_offset = Offset(e.chars().count() as u64);
+        }
+    }
     let mut counts = vec![PromptCounts::default(); prep.prompts.len()];
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let model_name = ctx.model.clone().unwrap_or_default();
@@ -502,11 +509,21 @@ async fn respond(
                     _ => ChunkUsage::Absent,
                 };
                 let st = &mut choices[i];
-                let role = kind == Kind::Chat && !st.role_sent;
-                st.role_sent = true;
-                if role {
+                let first = !st.begun;
+                st.begun = true;
+                if first && kind == Kind::Chat {
                     let d = Delta { role: true, ..Delta::default() };
                     reply::chunk(&mut events, &meta, i as u32, &d, before);
+                }
+                // Completions: a choice's first chunk leads with its echoed prompt, and its
+                // finish chunk ends with the suffix.
+                if first {
+                    if let Some(e) = prep.echo.get(i / n) {
+                        text.insert_str(0, e);
+                    }
+                }
+                if let (Some(s), Some(_)) = (&prep.suffix, &st.finish) {
+                    text.push_str(s);
                 }
                 if !text.is_empty() || st.finish.is_some() {
                     let lp = st.render_logprobs(prep, kind, tok, &mut lp_json);
@@ -592,6 +609,16 @@ async fn respond(
             return Outcome::ClientGone;
         }
     } else {
+        if !prep.echo.is_empty() || prep.suffix.is_some() {
+            for (i, c) in choices.iter_mut().enumerate() {
+                if let Some(e) = prep.echo.get(i / n) {
+                    c.text.insert_str(0, e);
+                }
+                if let Some(s) = &prep.suffix {
+                    c.text.push_str(s);
+                }
+            }
+        }
         let lps: Vec<Option<Vec<u8>>> = choices
             .iter_mut()
             .map(|c| {
