@@ -746,3 +746,33 @@ fn completions_echo_the_prompt_and_append_the_suffix() {
         assert_eq!(v["choices"][0]["text"].as_str(), Some(sim_text(&rid, 0, 5).as_str()));
     });
 }
+
+#[test]
+fn dp_aware_grpc_workers_route_ranks_and_name_the_rank_in_each_call() {
+    both_drivers(|legacy| {
+        let mut args = FAST.to_vec();
+        args.extend_from_slice(&["--dp-size", "2"]);
+        let sim = Sim::start(MODEL, &args);
+        let urls = sim.grpc_url();
+        let gw = Gateway::start(
+            legacy,
+            &["--worker-urls", &urls, "--dp-aware", "--policy", "round_robin", "--health-check-interval-secs", "1"],
+        );
+        gw.ready_workers(2);
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..10 {
+            let extra = if i % 2 == 0 { "" } else { r#","stream":true"# };
+            let r = post(gw.port, "/v1/chat/completions", &chat(extra), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            seen.insert(r.header("x-smg-routed-worker-id").unwrap().to_string());
+        }
+        let want: std::collections::BTreeSet<_> = [format!("{urls}@0"), format!("{urls}@1")].into();
+        assert_eq!(seen, want);
+        let st = sim.stats();
+        let ranks: Vec<u64> = st["dp_rank_requests"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+        assert_eq!(ranks, [5, 5], "each call named its rank: {st:?}");
+        let list = get(gw.port, "/workers").json();
+        assert_eq!(list["total"].as_u64(), Some(2));
+        assert_eq!(list["workers"][1]["connection_mode"].as_str(), Some("grpc"));
+    });
+}

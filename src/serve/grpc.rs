@@ -51,6 +51,8 @@ use crate::workers::WorkerId;
 /// The worker a call went to.
 struct Target {
     id: WorkerId,
+    /// `--dp-aware`: the data-parallel rank this worker entry stands for.
+    dp_rank: Option<u32>,
     url: String,
     authority: String,
     send: SendRequest<Bytes>,
@@ -130,7 +132,7 @@ pub async fn forward(
         let Some(model) = worker.meta.grpc.clone() else {
             return reject(ApiError::no_available_workers(ctx.model.as_deref()));
         };
-        let (wid, addr) = (worker.id, worker.url.addr);
+        let (wid, addr, dp_rank) = (worker.id, worker.url.addr, worker.meta.dp_rank);
         let (url, authority) = (worker.url.url.clone(), worker.url.authority.clone());
         // Prepared once per model: another worker of the same model reuses it.
         if !prepared.as_ref().is_some_and(|(m, _)| Arc::ptr_eq(m, &model)) {
@@ -143,7 +145,7 @@ pub async fn forward(
         ctx.attempts += 1;
         let started = match shard.grpc().ready(wid, addr).await {
             Ok(send) => {
-                let mut target = Target { id: wid, url, authority, send };
+                let mut target = Target { id: wid, dp_rank, url, authority, send };
                 let limits = Limits {
                     deadline: Some(
                         ctx.timings.upstream_started.unwrap_or(ctx.timings.started) + shard.cfg().request_timeout,
@@ -217,8 +219,9 @@ fn response_id(shard: &Shard, prefix: &str) -> String {
     String::from_utf8(id).unwrap_or_default()
 }
 
-fn engine_request(prep: &Prepared, rid: String, ids: &[u32]) -> GenerateRequest {
+fn engine_request(prep: &Prepared, rid: String, ids: &[u32], dp_rank: Option<u32>) -> GenerateRequest {
     GenerateRequest {
+        data_parallel_rank: dp_rank.and_then(|r| i32::try_from(r).ok()),
         request_id: rid,
         tokenized: Some(TokenizedInput { original_text: String::new(), input_ids: ids.to_vec() }),
         sampling_params: Some(prep.params.clone()),
@@ -244,7 +247,7 @@ async fn start(
     let mut calls = Vec::with_capacity(prep.prompts.len());
     for (i, ids) in prep.prompts.iter().enumerate() {
         let rid = if many { format!("{id}-{i}") } else { id.to_string() };
-        let req = engine_request(prep, rid.clone(), ids);
+        let req = engine_request(prep, rid.clone(), ids, target.dp_rank);
         let mut send = target.send.clone().ready().await.map_err(Status::transport)?;
         // The response head comes at once (the engine answers it before admitting the
         // request): the client is watched from the first message on.

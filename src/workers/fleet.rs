@@ -358,6 +358,7 @@ impl Fleet {
             e.runtime = base.runtime;
             e.dp_size = base.dp_size;
             e.max_running = base.max_running;
+            e.grpc.clone_from(&base.grpc);
             e.discovered = true;
             e.health = base.health.clone();
             e.next_probe = base.next_probe;

@@ -231,12 +231,16 @@ pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &TokenizerSour
         .find(|s| !s.trim().is_empty())
         .cloned()
         .unwrap_or_default();
-    let max_running = server.as_ref().and_then(|s| s.server_args.as_ref()).and_then(|a| {
-        match a.fields.get("max_running_requests")?.kind.as_ref()? {
+    let arg = |name: &str| {
+        let a = server.as_ref()?.server_args.as_ref()?;
+        match a.fields.get(name)?.kind.as_ref()? {
             prost_types::value::Kind::NumberValue(n) if *n >= 1.0 => Some(*n as u64),
             _ => None,
         }
-    });
+    };
+    let max_running = arg("max_running_requests");
+    // `--dp-aware` splits a worker with dp_size > 1 into ranks; each call then names its rank.
+    let dp_size = arg("dp_size").and_then(|n| u32::try_from(n).ok());
     let grpc = GrpcModel {
         tokenizer,
         max_context: u32::try_from(info.max_context_length).ok().filter(|&n| n > 0),
@@ -244,7 +248,7 @@ pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &TokenizerSour
         supports_vision: info.supports_vision,
         defaults: SamplingDefaults::parse(&defaults_json),
     };
-    Some(Discovery { model, runtime: Runtime::Sglang, dp_size: None, max_running, grpc: Some(Arc::new(grpc)) })
+    Some(Discovery { model, runtime: Runtime::Sglang, dp_size, max_running, grpc: Some(Arc::new(grpc)) })
 }
 
 /// Tokenizers by where they came from, so the workers of one model share one (and a
