@@ -20,6 +20,8 @@ pub mod sglang {
     }
 }
 
+pub mod framing;
+
 pub use sglang::grpc::scheduler;
 pub use smg::grpc::common;
 

@@ -43,7 +43,7 @@ impl Channels {
         }
         let send = connect(addr).await?;
         self.open.borrow_mut().insert(id, send.clone());
-        send.ready().await.map_err(Status::transport)
+        send.ready().await.map_err(wire::transport)
     }
 
     /// The connection failed under a call: the next call opens a new one.
@@ -59,14 +59,14 @@ impl Channels {
 
 async fn connect(addr: SocketAddr) -> Result<SendRequest<Bytes>, Status> {
     let tcp = crate::io::connect(addr).await.map_err(|e| Status::new(Code::UNAVAILABLE, format!("connect: {e}")))?;
-    let io = tcp.into_poll_io().map_err(Status::transport)?;
+    let io = tcp.into_poll_io().map_err(wire::transport)?;
     let (send, conn) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_send_buffer_size(1 << 20)
         .handshake::<_, Bytes>(io)
         .await
-        .map_err(Status::transport)?;
+        .map_err(wire::transport)?;
     // The connection task lives as long as the connection: it ends when the peer closes it
     // or when every handle (ours in Channels and the calls') is dropped.
     monoio::spawn(async move {
@@ -104,8 +104,8 @@ impl Call {
         path: &str,
         msg: &M,
     ) -> Result<Call, Status> {
-        let (resp, mut out) = send.send_request(wire::request(authority, path), false).map_err(Status::transport)?;
-        out.send_data(wire::frame(msg), true).map_err(Status::transport)?;
+        let (resp, mut out) = send.send_request(wire::request(authority, path), false).map_err(wire::transport)?;
+        out.send_data(wire::frame(msg), true).map_err(wire::transport)?;
         let resp = resp.await.map_err(stream_status)?;
         if let Some(Err(s)) = wire::status_of(resp.headers()) {
             return Err(s);
@@ -200,7 +200,7 @@ fn stream_status(e: h2::Error) -> Status {
         Some(h2::Reason::REFUSED_STREAM) => Status::new(Code::UNAVAILABLE, format!("stream refused: {e}")),
         Some(h2::Reason::CANCEL) => Status::new(Code::CANCELLED, format!("stream cancelled: {e}")),
         Some(h2::Reason::ENHANCE_YOUR_CALM) => Status::new(Code::RESOURCE_EXHAUSTED, format!("{e}")),
-        _ => Status::transport(e),
+        _ => wire::transport(e),
     }
 }
 

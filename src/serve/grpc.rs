@@ -36,7 +36,7 @@ use crate::grpc::model::GrpcModel;
 use crate::grpc::reply::{self, Choice, ChunkUsage, Delta, Meta, Usage};
 use crate::grpc::request::{self, Kind, Prepared};
 use crate::grpc::stop::StopMatcher;
-use crate::grpc::wire::{Code, Status};
+use crate::grpc::wire::{self, Code, Status};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
 use crate::http::relay::{RelayEnd, RelayStats};
@@ -166,7 +166,7 @@ pub async fn forward(
             }
             Err(s) => s,
         };
-        let http = status.code.http_status();
+        let http = wire::http_status(status.code);
         // Invalid arguments are the request's fault: not counted against the worker.
         let verdict = if http == 400 { Verdict::Success } else { Verdict::of_status(http) };
         shard.record_outcome(wid, verdict);
@@ -207,7 +207,7 @@ fn reject(e: ApiError) -> Outcome {
 
 /// The engine did not start generation: the status follows the engine's gRPC status.
 fn start_failed(s: &Status) -> ApiError {
-    ApiError::new(s.code.http_status(), "start_generation_failed", format!("Generation failed to start: {s}"))
+    ApiError::new(wire::http_status(s.code), "start_generation_failed", format!("Generation failed to start: {s}"))
 }
 
 /// `chatcmpl-` / `cmpl-` and 24 hex digits: the response id, and the engine request id.
@@ -248,7 +248,7 @@ async fn start(
     for (i, ids) in prep.prompts.iter().enumerate() {
         let rid = if many { format!("{id}-{i}") } else { id.to_string() };
         let req = engine_request(prep, rid.clone(), ids, target.dp_rank);
-        let mut send = target.send.clone().ready().await.map_err(Status::transport)?;
+        let mut send = target.send.clone().ready().await.map_err(wire::transport)?;
         // The response head comes at once (the engine answers it before admitting the
         // request): the client is watched from the first message on.
         let mut call = Call::start(&mut send, &target.authority, path::GENERATE, &req).await?;
@@ -577,7 +577,11 @@ async fn respond(
         shard.record_outcome(target.id, Verdict::Failure);
         if !out.head_sent {
             // Nothing reached the client: an ordinary error answer.
-            return reject(ApiError::new(s.code.http_status(), "generation_failed", format!("Generation failed: {s}")));
+            return reject(ApiError::new(
+                wire::http_status(s.code),
+                "generation_failed",
+                format!("Generation failed: {s}"),
+            ));
         }
         let mut events = Vec::new();
         reply::error_event(&mut events, &format!("Stream error: {s}"));

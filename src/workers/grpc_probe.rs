@@ -29,14 +29,14 @@ use crate::routing::EngineLoad;
 use crate::tokenizer::Tokenizer;
 
 async fn connect(url: &WorkerUrl) -> Result<SendRequest<Bytes>, Status> {
-    let tcp = TcpStream::connect(url.addr).await.map_err(Status::transport)?;
+    let tcp = TcpStream::connect(url.addr).await.map_err(wire::transport)?;
     let _ = tcp.set_nodelay(true);
     let (send, conn) = h2::client::Builder::new()
         .initial_window_size(1 << 20)
         .initial_connection_window_size(16 << 20)
         .handshake::<_, Bytes>(tcp)
         .await
-        .map_err(Status::transport)?;
+        .map_err(wire::transport)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -50,11 +50,10 @@ async fn call<Req: Message, Resp: Message + Default>(
     method: &str,
     req: &Req,
 ) -> Result<Vec<Resp>, Status> {
-    let mut ready = send.clone().ready().await.map_err(Status::transport)?;
-    let (resp, mut body) =
-        ready.send_request(wire::request(&url.authority, method), false).map_err(Status::transport)?;
-    body.send_data(wire::frame(req), true).map_err(Status::transport)?;
-    let resp = resp.await.map_err(Status::transport)?;
+    let mut ready = send.clone().ready().await.map_err(wire::transport)?;
+    let (resp, mut body) = ready.send_request(wire::request(&url.authority, method), false).map_err(wire::transport)?;
+    body.send_data(wire::frame(req), true).map_err(wire::transport)?;
+    let resp = resp.await.map_err(wire::transport)?;
     if let Some(Err(s)) = wire::status_of(resp.headers()) {
         return Err(s);
     }
@@ -62,14 +61,14 @@ async fn call<Req: Message, Resp: Message + Default>(
     let mut frames = Deframer::default();
     let mut out = Vec::new();
     while let Some(chunk) = recv.data().await {
-        let chunk = chunk.map_err(Status::transport)?;
+        let chunk = chunk.map_err(wire::transport)?;
         let _ = recv.flow_control().release_capacity(chunk.len());
         frames.push(&chunk);
         while let Some(m) = frames.next_message::<Resp>() {
             out.push(m?);
         }
     }
-    match recv.trailers().await.map_err(Status::transport)?.as_ref().and_then(wire::status_of) {
+    match recv.trailers().await.map_err(wire::transport)?.as_ref().and_then(wire::status_of) {
         Some(Err(s)) => Err(s),
         _ if frames.pending() > 0 => Err(Status::new(Code::INTERNAL, "stream ended inside a message")),
         _ => Ok(out),

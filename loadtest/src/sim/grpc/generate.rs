@@ -123,12 +123,12 @@ enum Wake {
 fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
     let ids = req.tokenized.as_ref().map(|t| t.input_ids.as_slice()).unwrap_or(&[]);
     if ids.is_empty() {
-        return Err(Status::new(Code::InvalidArgument, "the request has no input_ids"));
+        return Err(Status::new(Code::INVALID_ARGUMENT, "the request has no input_ids"));
     }
     if ids.len() as u64 >= CONTEXT_LENGTH as u64 {
         let msg =
             format!("the input ({} tokens) is longer than the model's context length ({CONTEXT_LENGTH})", ids.len());
-        return Err(Status::new(Code::InvalidArgument, msg));
+        return Err(Status::new(Code::INVALID_ARGUMENT, msg));
     }
     if let Some(rank) = req.data_parallel_rank {
         let ranks = &w.stats.dp_rank_requests;
@@ -136,7 +136,7 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
             Some(c) => bump(c, 1),
             None => {
                 let msg = format!("data_parallel_rank {rank} out of range (dp_size {})", ranks.len());
-                return Err(Status::new(Code::InvalidArgument, msg));
+                return Err(Status::new(Code::INVALID_ARGUMENT, msg));
             }
         }
     }
@@ -147,7 +147,7 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
     let mut truncate_after = None;
     let mut hang = false;
     match faults::draw(&w.faults.get(), &w.rng) {
-        Fault::Fail { status } => return Err(Status::new(Code::from_http(status), "simulated engine failure")),
+        Fault::Fail { status } => return Err(Status::new(wire::code_for_http(status), "simulated engine failure")),
         Fault::Hang => hang = true,
         Fault::Truncate { after_tokens } => truncate_after = Some(after_tokens),
         Fault::None => {}
@@ -292,7 +292,7 @@ async fn generate(
     if plan.hang {
         bump(&w.stats.hung, 1);
         wait(None, abort, send).await?;
-        return Err(End::Failed(Status::new(Code::Aborted, "aborted while hanging")));
+        return Err(End::Failed(Status::new(Code::ABORTED, "aborted while hanging")));
     }
     let held = plan.prompt_tokens as u64 + plan.length as u64 * plan.samples as u64;
     let permit = monoio::select! {
@@ -336,7 +336,7 @@ async fn decode(
         if plan.truncate_after == Some(k) {
             bump(&w.stats.truncated, 1);
             flush(&mut out, send)?;
-            return Err(End::Failed(Status::new(Code::Internal, "simulated mid-stream engine failure")));
+            return Err(End::Failed(Status::new(Code::INTERNAL, "simulated mid-stream engine failure")));
         }
         if !sched.is_instant() && due > Instant::now() {
             flush(&mut out, send)?;
@@ -396,7 +396,7 @@ async fn decode(
     if plan.truncate_after == Some(plan.length) {
         bump(&w.stats.truncated, 1);
         flush(&mut out, send)?;
-        return Err(End::Failed(Status::new(Code::Internal, "simulated mid-stream engine failure")));
+        return Err(End::Failed(Status::new(Code::INTERNAL, "simulated mid-stream engine failure")));
     }
     flush(&mut out, send)?;
     finish_all(req, plan, &mut samples, "length", send)

@@ -91,7 +91,7 @@ pub fn server_info(w: &Worker, _: GetServerInfoRequest) -> Result<GetServerInfoR
 /// One DP rank (the simulated ranks share one batch), as the HTTP mode's /v1/loads.
 pub fn loads(w: &Worker, req: GetLoadsRequest) -> Result<GetLoadsResponse, Status> {
     if let Some(rank) = req.dp_rank.filter(|&r| r != 0) {
-        return Err(Status::new(Code::InvalidArgument, format!("dp_rank {rank} out of range (1 rank)")));
+        return Err(Status::new(Code::INVALID_ARGUMENT, format!("dp_rank {rank} out of range (1 rank)")));
     }
     let (running, waiting) = w.reported_load();
     let used = w.stats.used_tokens.get();

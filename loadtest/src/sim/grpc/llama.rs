@@ -91,11 +91,11 @@ pub(crate) async fn generate(
 ) -> Result<(), End> {
     let mut ids: Vec<u32> = req.tokenized.as_ref().map(|t| t.input_ids.clone()).unwrap_or_default();
     if ids.is_empty() {
-        return Err(End::Failed(Status::new(Code::InvalidArgument, "the request has no input_ids")));
+        return Err(End::Failed(Status::new(Code::INVALID_ARGUMENT, "the request has no input_ids")));
     }
     let sp = req.sampling_params.clone().unwrap_or_default();
     if sp.n > 1 {
-        return Err(End::Failed(Status::new(Code::InvalidArgument, "the llama.cpp bridge samples n = 1")));
+        return Err(End::Failed(Status::new(Code::INVALID_ARGUMENT, "the llama.cpp bridge samples n = 1")));
     }
     let prompt_tokens = ids.len() as u32;
     let max = sp.max_new_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
@@ -180,7 +180,7 @@ fn step_probabilities(step: &sonic_rs::Value, top: u32, out: &mut OutputLogProbs
 
 /// One `/completion` call on its own connection: the parsed JSON answer.
 async fn complete_one(addr: SocketAddr, json: &[u8]) -> Result<sonic_rs::Value, End> {
-    let unavailable = |e: String| End::Failed(Status::new(Code::Unavailable, format!("llama.cpp server: {e}")));
+    let unavailable = |e: String| End::Failed(Status::new(Code::UNAVAILABLE, format!("llama.cpp server: {e}")));
     let mut conn = TcpStream::connect(addr).await.map_err(|e| unavailable(e.to_string()))?;
     let _ = conn.set_nodelay(true);
     let mut out = format!(
@@ -224,7 +224,7 @@ async fn complete_one(addr: SocketAddr, json: &[u8]) -> Result<sonic_rs::Value, 
         body = decoded;
     }
     if status != 200 {
-        let code = if status == 400 { Code::InvalidArgument } else { Code::from_http(status) };
+        let code = if status == 400 { Code::INVALID_ARGUMENT } else { wire::code_for_http(status) };
         let msg = format!("llama.cpp answered {status}: {}", String::from_utf8_lossy(&body));
         return Err(End::Failed(Status::new(code, msg)));
     }

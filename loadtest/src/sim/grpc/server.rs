@@ -69,7 +69,7 @@ async fn call(w: Rc<Worker>, path: String, mut body: RecvStream, respond: SendRe
         path::ABORT => unary(&mut body, respond, |r| info::abort(&w, r)).await,
         path::FLUSH_CACHE => unary(&mut body, respond, |r| info::flush_cache(&w, r)).await,
         path::GET_TOKENIZER => bundle::serve(body, respond).await,
-        _ => reject(respond, &Status::new(Code::Unimplemented, format!("smg-sim does not serve {path}"))),
+        _ => reject(respond, &Status::new(Code::UNIMPLEMENTED, format!("smg-sim does not serve {path}"))),
     }
 }
 
