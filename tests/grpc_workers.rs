@@ -776,3 +776,28 @@ fn dp_aware_grpc_workers_route_ranks_and_name_the_rank_in_each_call() {
         assert_eq!(list["workers"][1]["connection_mode"].as_str(), Some("grpc"));
     });
 }
+
+#[test]
+fn speculative_decoding_counts_reach_usage_when_the_engine_drafted() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        let spec = r#","n":2,"custom_params":{"sim_spec_draft":10,"sim_spec_accepted":7}"#;
+        let v = post(gw.port, "/v1/chat/completions", &chat(spec), &[]).json();
+        let d = &v["usage"]["completion_tokens_details"];
+        assert_eq!(d["accepted_prediction_tokens"].as_u64(), Some(14), "two choices summed: {v:?}");
+        assert_eq!(d["rejected_prediction_tokens"].as_u64(), Some(6));
+        let r = post(
+            gw.port,
+            "/v1/chat/completions",
+            &chat(&format!(r#"{spec},"stream":true,"stream_options":{{"include_usage":true}}"#)),
+            &[],
+        );
+        let evs = json_events(&r);
+        let u = &evs.last().unwrap()["usage"];
+        assert_eq!(u["completion_tokens_details"]["rejected_prediction_tokens"].as_u64(), Some(6), "{u:?}");
+        // No drafts: no speculative fields (and no details at all without reasoning tokens).
+        let v = post(gw.port, "/v1/chat/completions", &chat(""), &[]).json();
+        assert!(v["usage"].get("completion_tokens_details").is_none(), "{v:?}");
+    });
+}

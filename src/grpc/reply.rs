@@ -21,6 +21,9 @@ pub struct Usage {
     pub completion: u64,
     pub cached: u64,
     pub reasoning: u64,
+    /// Speculative decoding: draft tokens proposed, and those the target model accepted.
+    pub drafted: u64,
+    pub accepted: u64,
 }
 
 impl Usage {
@@ -68,9 +71,24 @@ fn put_usage(out: &mut Vec<u8>, u: &Usage) {
     out.extend_from_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
     put_dec(out, u.cached);
     out.push(b'}');
-    if u.reasoning > 0 {
-        out.extend_from_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
-        put_dec(out, u.reasoning);
+    // Reasoning tokens when there are any; the speculative counts only when the engine
+    // proposed drafts.
+    if u.reasoning > 0 || u.drafted > 0 {
+        out.extend_from_slice(b",\"completion_tokens_details\":{");
+        if u.reasoning > 0 {
+            out.extend_from_slice(b"\"reasoning_tokens\":");
+            put_dec(out, u.reasoning);
+        }
+        if u.drafted > 0 {
+            if u.reasoning > 0 {
+                out.push(b',');
+            }
+            let accepted = u.accepted.min(u.drafted);
+            out.extend_from_slice(b"\"accepted_prediction_tokens\":");
+            put_dec(out, accepted);
+            out.extend_from_slice(b",\"rejected_prediction_tokens\":");
+            put_dec(out, u.drafted - accepted);
+        }
         out.push(b'}');
     }
     out.push(b'}');
@@ -207,7 +225,7 @@ mod tests {
     #[test]
     fn bodies_are_openai_json() {
         let m = Meta { kind: Kind::Chat, id: "chatcmpl-1", created: 7, model: "m" };
-        let u = Usage { prompt: 3, completion: 2, cached: 1, reasoning: 0 };
+        let u = Usage { prompt: 3, completion: 2, cached: 1, ..Usage::default() };
         let body = full(&m, &[Choice { index: 0, text: "hi \"x\"", finish_reason: "stop", logprobs: None }], &u);
         let v: sonic_rs::Value = sonic_rs::from_slice(&body).unwrap();
         use sonic_rs::{JsonContainerTrait, JsonValueTrait};
@@ -229,5 +247,14 @@ mod tests {
         assert_eq!(v["object"].as_str(), Some("text_completion"));
         assert!(v["choices"].as_array().unwrap().is_empty());
         assert_eq!(finish_reason("error"), None);
+        let mut out = Vec::new();
+        put_usage(&mut out, &Usage { drafted: 10, accepted: 7, ..u });
+        let v: sonic_rs::Value = sonic_rs::from_slice(&out).unwrap();
+        let d = &v["completion_tokens_details"];
+        assert_eq!(
+            (d["accepted_prediction_tokens"].as_u64(), d["rejected_prediction_tokens"].as_u64()),
+            (Some(7), Some(3))
+        );
+        assert!(d.get("reasoning_tokens").is_none());
     }
 }

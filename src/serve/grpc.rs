@@ -296,6 +296,9 @@ struct ChoiceState<'a> {
     finish: Option<String>,
     completion: u64,
     reasoning: u64,
+    /// Speculative decoding's counts, from GenerateComplete.
+    drafted: u64,
+    accepted: u64,
     /// Its first chunk was written (chat's role chunk, completions' echo).
     begun: bool,
     /// The engine sent this sample's GenerateComplete.
@@ -387,6 +390,8 @@ async fn respond(
             finish: None,
             completion: 0,
             reasoning: 0,
+            drafted: 0,
+            accepted: 0,
             begun: false,
             engine_done: false,
             lp: Vec::new(),
@@ -472,6 +477,8 @@ async fn respond(
                     let Some(st) = choices.get_mut(i) else { continue };
                     st.completion = c.completion_tokens as u64;
                     st.reasoning = c.reasoning_tokens as u64;
+                    st.drafted = c.spec_draft_tokens as u64;
+                    st.accepted = c.spec_accepted_tokens as u64;
                     st.engine_done = true;
                     if st.finish.is_some() {
                         continue;
@@ -656,6 +663,8 @@ fn usage_of(choices: &[ChoiceState<'_>], counts: &[PromptCounts]) -> Usage {
         cached: counts.iter().map(|c| c.cached).sum(),
         completion: choices.iter().map(|c| c.completion).sum(),
         reasoning: choices.iter().map(|c| c.reasoning).sum(),
+        drafted: choices.iter().map(|c| c.drafted).sum(),
+        accepted: choices.iter().map(|c| c.accepted).sum(),
     }
 }
 

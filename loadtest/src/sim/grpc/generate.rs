@@ -16,6 +16,9 @@
 //! ("RESOURCE_EXHAUSTED", "unavailable", "3"...) names one per request; --hang-rate never
 //! answers; --truncate-rate ends the stream with INTERNAL after some tokens.
 //!
+//! `custom_params.sim_spec_draft` / `sim_spec_accepted` (numbers) are reported per sample as
+//! speculative decoding's draft and accepted tokens.
+//!
 //! `custom_params.sim_output` (a string) replaces the words with that text's bytes, one byte
 //! token each, then the stop token: gateway tests get multi-byte characters and stop strings
 //! split across tokens on purpose; `custom_params.sim_echo_prompt: true` answers with the
@@ -57,6 +60,8 @@ struct Plan {
     hang: bool,
     /// `custom_params.sim_output` as byte tokens.
     forced: Option<Vec<u32>>,
+    /// `custom_params.sim_spec_draft` / `sim_spec_accepted`, per sample.
+    spec: (u32, u32),
 }
 
 pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse<Bytes>) {
@@ -181,6 +186,7 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         truncate_after,
         hang,
         forced,
+        spec: (number_param(&sp, "sim_spec_draft"), number_param(&sp, "sim_spec_accepted")),
     })
 }
 
@@ -190,6 +196,15 @@ fn requested_output(sp: &smg_proto::scheduler::SamplingParams) -> Option<Vec<u32
     match sp.custom_params.as_ref()?.fields.get("sim_output")?.kind.as_ref()? {
         Kind::StringValue(s) => Some(s.bytes().map(tokenizer::byte_id).collect()),
         _ => None,
+    }
+}
+
+/// A non-negative number from `custom_params` (0 when absent).
+fn number_param(sp: &smg_proto::scheduler::SamplingParams, name: &str) -> u32 {
+    use prost_types::value::Kind;
+    match sp.custom_params.as_ref().and_then(|c| c.fields.get(name)).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::NumberValue(n)) if *n >= 0.0 => *n as u32,
+        _ => 0,
     }
 }
 
@@ -424,6 +439,8 @@ fn finish_all(
             cached_tokens: plan.cached_tokens,
             matched_stop: matched.map(MatchedStop::MatchedTokenId),
             index: i as u32,
+            spec_draft_tokens: plan.spec.0,
+            spec_accepted_tokens: plan.spec.1,
             ..Default::default()
         };
         out.extend_from_slice(&wire::frame(&response(req, generate_response::Response::Complete(complete))));
