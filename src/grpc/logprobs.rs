@@ -24,9 +24,9 @@ pub struct Entry {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Entries for positions `from..to` of `lp` (the tokens the gateway kept of a message).
-pub fn take(lp: &OutputLogProbs, from: usize, to: usize, out: &mut Vec<Entry>) {
-    for i in from..to.min(lp.token_logprobs.len()) {
+/// Entries for the first `n` positions of `lp` (the tokens the gateway kept of a message).
+pub fn take(lp: &OutputLogProbs, n: usize, out: &mut Vec<Entry>) {
+    for i in 0..n.min(lp.token_logprobs.len()) {
         let top = lp
             .top_logprobs
             .get(i)
@@ -190,7 +190,7 @@ mod tests {
             token_ids_logprobs: vec![],
         };
         let mut out = Vec::new();
-        take(&lp, 0, 2, &mut out);
+        take(&lp, 2, &mut out);
         assert_eq!(
             out,
             vec![
@@ -198,7 +198,7 @@ mod tests {
                 Entry { id: 8, logprob: -1.0, top: vec![] }
             ]
         );
-        take(&lp, 2, 10, &mut out);
-        assert_eq!(out.len(), 3);
+        take(&lp, 10, &mut out);
+        assert_eq!(out.len(), 5, "every position there is, after the two before");
     }
 }

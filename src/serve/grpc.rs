@@ -327,7 +327,7 @@ impl ChoiceState<'_> {
     /// Keeps the log-probabilities of the first `taken` tokens of a message.
     fn keep_logprobs(&mut self, lp: Option<&smg_proto::scheduler::OutputLogProbs>, taken: usize) {
         if let Some(lp) = lp {
-            logprobs::take(lp, 0, taken, &mut self.lp);
+            logprobs::take(lp, taken, &mut self.lp);
         }
     }
 
