@@ -3,7 +3,6 @@
 //! Keep-alive and pipelining are supported; buffers live as long as the connection.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use monoio::buf::IoBufMut;
@@ -14,7 +13,7 @@ use crate::sim::engine::{self, write_out, Scratch};
 use crate::sim::realtime;
 use crate::sim::render::{put_error_body, put_response};
 use crate::sim::routes::{self, Action, Route};
-use crate::sim::worker::Worker;
+use crate::sim::worker::{ConnGuard, Worker};
 use crate::wire::{self, BodyKind, ChunkedDecoder};
 
 /// Largest request head accepted.
@@ -124,15 +123,15 @@ async fn fill(stream: &mut TcpStream, rbuf: &mut Vec<u8>) -> io::Result<usize> {
 }
 
 /// Serves one connection until the peer leaves, an error occurs, or keep-alive ends.
-pub async fn serve(w: Rc<Worker>, stream: TcpStream) {
-    serve_prefixed(w, stream, Vec::with_capacity(READ_CHUNK)).await
+/// `guard` lists the connection for [`Worker::die`] (taken at accept).
+pub async fn serve(w: Rc<Worker>, stream: TcpStream, guard: ConnGuard) {
+    serve_prefixed(w, stream, Vec::with_capacity(READ_CHUNK), guard).await
 }
 
 /// As [`serve`], for a connection whose first bytes were already read into `rbuf` (the gRPC
 /// mode reads them to tell HTTP/2 from HTTP/1.1).
-pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<u8>) {
+pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<u8>, guard: ConnGuard) {
     let _ = stream.set_nodelay(true);
-    let guard = w.track(stream.as_raw_fd());
     let mut body: Vec<u8> = Vec::new();
     let mut s = Scratch::default();
     loop {

@@ -127,26 +127,40 @@ async fn serve_thread(
 
 /// Accepts until the worker dies; dropping the listener then closes the port.
 async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
-    loop {
+    while !w.died.is_fired() {
         let delay = w.faults.get().accept_delay_ms;
         if delay > 0 {
             monoio::time::sleep(Duration::from_millis(delay)).await;
+            if w.died.is_fired() {
+                break;
+            }
         }
-        monoio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) if w.grpc.is_some() => {
-                    monoio::spawn(grpc::serve(w.clone(), stream));
+        // Cancelled by the worker's death rather than dropped: an accept the kernel completed
+        // as the worker died still comes back here. A dropped one would leak its connection,
+        // open and never read, and the gateway on it would wait for an answer forever.
+        match listener.cancelable_accept(w.accept_handle()).await {
+            Ok((stream, _)) => {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+                if w.died.is_fired() {
+                    // Accepted as the worker died: cut at once, as a dead process's would be.
+                    // SAFETY: `stream` owns the fd and is alive; shutdown(2) does not close it.
+                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                    break;
                 }
-                Ok((stream, _)) => {
-                    monoio::spawn(http::serve(w.clone(), stream));
+                // Listed before its task first runs, so a death in between shuts it down too.
+                let guard = w.track(fd);
+                if w.grpc.is_some() {
+                    monoio::spawn(grpc::serve(w.clone(), stream, guard));
+                } else {
+                    monoio::spawn(http::serve(w.clone(), stream, guard));
                 }
-                Err(e) => {
-                    // Out of fds or similar: back off instead of spinning.
-                    eprintln!("smg-sim: accept on port {}: {e}", w.port);
-                    monoio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = w.died.wait() => break,
+            }
+            Err(_) if w.died.is_fired() => break,
+            Err(e) => {
+                // Out of fds or similar: back off instead of spinning.
+                eprintln!("smg-sim: accept on port {}: {e}", w.port);
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
     // Dropping the listener is not enough when the simulator runs inside another process (a

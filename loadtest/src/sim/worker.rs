@@ -68,6 +68,8 @@ pub struct Worker {
     pub embedding_json: String,
     /// Open connections by id, so a dying worker can shut them all down like a crashed process would.
     pub conns: RefCell<HashMap<u64, RawFd>>,
+    /// Cancels the accept loop's pending accept when the worker dies.
+    accept_cancel: RefCell<monoio::io::Canceller>,
     pub next_conn: Cell<u64>,
     /// The gRPC mode (tokenizer location); None serves HTTP.
     pub grpc: Option<GrpcSpec>,
@@ -134,6 +136,7 @@ impl Worker {
             server_info_body,
             embedding_json,
             conns: RefCell::new(HashMap::new()),
+            accept_cancel: RefCell::new(monoio::io::Canceller::new()),
             next_conn: Cell::new(0),
             grpc: spec.grpc.clone(),
             grpc_state: GrpcState::default(),
@@ -184,6 +187,11 @@ impl Worker {
         ConnGuard { worker: self.clone(), id }
     }
 
+    /// For the accept loop's accept: cancelled when the worker dies.
+    pub fn accept_handle(&self) -> monoio::io::CancelHandle {
+        self.accept_cancel.borrow().handle()
+    }
+
     /// Dies: the accept loop stops (the port closes) and every open connection is shut down.
     ///
     /// Connections in the middle of a stream are cut there: shutdown sends the peer FIN at once
@@ -197,6 +205,8 @@ impl Worker {
     /// death still gets its answer (its connection closes right after).
     pub fn die_except(&self, spare: Option<u64>) {
         self.died.fire();
+        let accept = std::mem::take(&mut *self.accept_cancel.borrow_mut());
+        drop(accept.cancel());
         let mut conns = self.conns.borrow_mut();
         let kept = spare.and_then(|id| conns.remove(&id).map(|fd| (id, fd)));
         for (_, fd) in conns.drain() {

@@ -22,7 +22,6 @@ pub mod state;
 pub mod tokenizer;
 pub mod wire;
 
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use monoio::buf::IoBufMut;
@@ -30,7 +29,7 @@ use monoio::io::{AsyncReadRent, IntoPollIo};
 use monoio::net::TcpStream;
 
 use crate::sim::http;
-use crate::sim::worker::Worker;
+use crate::sim::worker::{ConnGuard, Worker};
 
 /// The model's context window, advertised in GetModelInfo and the tokenizer config.
 pub const CONTEXT_LENGTH: u32 = 32_768;
@@ -40,7 +39,7 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Serves one connection of a gRPC worker: HTTP/2 goes to the gRPC server, HTTP/1.1 to the
 /// control surface.
-pub async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
+pub async fn serve(w: Rc<Worker>, mut stream: TcpStream, guard: ConnGuard) {
     let _ = stream.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     // Read until the bytes either complete the preface or stop matching it.
@@ -54,9 +53,8 @@ pub async fn serve(w: Rc<Worker>, mut stream: TcpStream) {
         }
     }
     if !buf.starts_with(H2_PREFACE) {
-        return http::serve_prefixed(w, stream, buf).await;
+        return http::serve_prefixed(w, stream, buf, guard).await;
     }
-    let guard = w.track(stream.as_raw_fd());
     match stream.into_poll_io() {
         Ok(io) => server::serve(&w, rewind::Rewind::new(buf, io)).await,
         Err(e) => eprintln!("smg-sim: port {}: poll io: {e}", w.port),
