@@ -473,7 +473,13 @@ async fn respond(
                 }
                 Some(generate_response::Response::Complete(c)) => {
                     counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
-                    let i = p * n + c.index as usize;
+                    // Streaming: the sample its index names. Otherwise arrival order, as SMG
+                    // reads them: SGLang's non-streaming Completes all carry index 0.
+                    let i = if prep.stream {
+                        p * n + c.index as usize
+                    } else {
+                        p * n + choices[p * n..(p + 1) * n].iter().filter(|s| s.engine_done).count()
+                    };
                     let Some(st) = choices.get_mut(i) else { continue };
                     st.completion = c.completion_tokens as u64;
                     st.reasoning = c.reasoning_tokens as u64;

@@ -438,7 +438,9 @@ fn finish_all(
             completion_tokens: s.generated,
             cached_tokens: plan.cached_tokens,
             matched_stop: matched.map(MatchedStop::MatchedTokenId),
-            index: i as u32,
+            // As SGLang: a non-streaming call's Completes all say index 0 (they come in
+            // sample order); a stream's name their sample.
+            index: if req.stream { i as u32 } else { 0 },
             spec_draft_tokens: plan.spec.0,
             spec_accepted_tokens: plan.spec.1,
             ..Default::default()
