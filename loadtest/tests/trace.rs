@@ -17,6 +17,18 @@ use sonic_rs::JsonValueTrait;
 /// The two tests take turns: the timing one measures to 1 ms on a small box.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// CPU time the hypervisor took from this virtual machine's runnable cores so far (the
+/// `steal` column of /proc/stat; zero on bare metal). While a core is taken, nothing on it
+/// runs, a send included.
+fn stolen() -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: u64 =
+        stat.lines().next().and_then(|l| l.split_whitespace().nth(8)).and_then(|t| t.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_micros(ticks * 1_000_000 / hz)
+}
+
 fn sample(name: &str) -> String {
     format!("{}/traces/{name}", env!("CARGO_MANIFEST_DIR"))
 }
@@ -138,7 +150,9 @@ fn azure_arrivals_and_lengths_are_reproduced() {
     for legacy in DRIVERS {
         let (port, log) = recording_server();
         let url = format!("http://127.0.0.1:{port}");
+        let steal_before = stolen();
         let r = smg_load(&["run", "--url", &url, "--trace", &sample("azure-sample.csv"), "--json"], legacy);
+        let steal = stolen().saturating_sub(steal_before);
         assert_eq!(r["requests"].as_u64(), Some(n as u64), "{r:?}");
         assert_eq!(r["ok"].as_u64(), Some(n as u64));
         let mut got = log.lock().unwrap().clone();
@@ -164,13 +178,21 @@ fn azure_arrivals_and_lengths_are_reproduced() {
             }
         }
         // Sends land within 1 ms of the trace, measured by the kernel's receive timestamps.
-        // Bounded, not all: on a box whose cores are taken by other work the sender itself can
-        // be kept off the CPU for milliseconds, which no user-space timer avoids.
+        // Bounded, not all: a thread preempted by another process can be late. And on a
+        // virtual machine the host can take a core for milliseconds at a time (steal), which
+        // no sender avoids: the sends due while it is taken are late, so as many as the
+        // trace has due in the stolen time are allowed on top. Measured on a 2-core VM: 0-3
+        // of 300 over 1 ms with under 50 ms stolen, 17-27 with 100-370 ms, median 50-110 µs
+        // either way; the busy-wait this replaced had 60-75 late on a quiet box.
         let late: Vec<(usize, i64)> =
             errs.iter().copied().enumerate().filter(|(_, e)| e.unsigned_abs() > 1000).collect();
-        // Measured on a quiet 2-core box: 0-3 of 300 over 1 ms (a thread preempted by
-        // another process), median 35-60 µs; the busy-wait this replaced had 60-75 late.
-        assert!(late.len() * 20 <= n, "{} of {n} late sends (index, µs): {late:?}", late.len());
+        let span = trace.entries.last().map_or(1, |e| e.offset_us.max(1)) as u128;
+        let allowed = n / 20 + (steal.as_micros() * n as u128).div_ceil(span) as usize;
+        assert!(
+            late.len() <= allowed,
+            "{} of {n} late sends (allowed {allowed}, host stole {steal:?}) (index, µs): {late:?}",
+            late.len()
+        );
         let mut abs: Vec<u64> = errs.iter().map(|e| e.unsigned_abs()).collect();
         abs.sort_unstable();
         assert!(abs[n / 2] < 250, "median send-time error {} µs", abs[n / 2]);
@@ -189,7 +211,7 @@ fn azure_arrivals_and_lengths_are_reproduced() {
         let mut sorted: Vec<u64> = errs.iter().map(|e| e.unsigned_abs()).collect();
         sorted.sort_unstable();
         eprintln!(
-            "azure sample, legacy={legacy}: send-time error p50 {} µs, p99 {} µs, worst {worst:?}, {} of {n} over 1 ms",
+            "azure sample, legacy={legacy}: send-time error p50 {} µs, p99 {} µs, worst {worst:?}, {} of {n} over 1 ms, host stole {steal:?}",
             sorted[n / 2],
             sorted[n * 99 / 100],
             late.len()

@@ -93,11 +93,14 @@ pub async fn run(ctx: Rc<Ctx>, rate: f64, arrivals: Arrivals, max_conns: usize) 
 }
 
 /// Wakes the load thread at trace send times to a few tens of microseconds. The runtime's
-/// timer wheel fires up to a millisecond late, and spinning until the deadline instead takes
-/// a core away from the target on a small box (its reads then start late, which is the error
-/// the trace promises away). So a helper thread sleeps in the kernel (`nanosleep` on an
-/// hrtimer) until each deadline and then wakes the runtime through a channel: the load
-/// thread stays parked, and keeps handling responses, meanwhile.
+/// timer wheel fires up to a millisecond late, and spinning for long before each deadline
+/// takes a core away from the target on a small box. So a helper thread sleeps in the
+/// kernel (`nanosleep` on an hrtimer) until [`SPIN_AHEAD`] before each deadline and then
+/// wakes the runtime through a channel; the load thread stays parked, and keeps handling
+/// responses, meanwhile. The last stretch it spends turning its runtime without blocking
+/// (every turn submits and reaps I/O, so earlier sends go out and responses are read):
+/// the two thread wake-ups in between cost 100-200 µs on a virtual machine whose idle
+/// cores halt, and a send must not wait for them.
 struct PreciseTimer {
     due: std::sync::mpsc::Sender<std::time::Instant>,
     fired: flume::Receiver<()>,
@@ -123,14 +126,34 @@ impl PreciseTimer {
     }
 
     async fn sleep_until(&self, deadline: Instant) {
-        // Closer than the round trip through the helper: already due.
-        if deadline.saturating_duration_since(Instant::now()) < Duration::from_micros(50) {
-            return;
-        }
-        if self.due.send(deadline.into_std()).is_ok() {
+        let wake = deadline.checked_sub(SPIN_AHEAD).unwrap_or(deadline);
+        // Closer than the round trip through the helper: spin from here.
+        if wake.saturating_duration_since(Instant::now()) >= Duration::from_micros(50)
+            && self.due.send(wake.into_std()).is_ok()
+        {
             let _ = self.fired.recv_async().await;
         }
+        while Instant::now() < deadline {
+            yield_now().await;
+        }
     }
+}
+
+/// How long before a trace send time the load thread is woken to spin (see [`PreciseTimer`]).
+const SPIN_AHEAD: Duration = Duration::from_micros(300);
+
+/// Lets every other ready task run and the runtime poll its I/O once, then resumes.
+async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 #[cfg(test)]
