@@ -163,7 +163,7 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
                 let rank = e.dp_rank;
                 tokio::spawn(async move {
                     if url.grpc {
-                        let load = grpc_probe::loads(&url, timeout).await;
+                        let load = grpc_probe::loads(&url, rank, timeout).await;
                         let _ = done.send(Done::Load(id, load));
                         return;
                     }

@@ -124,20 +124,39 @@ async fn get_loads(url: &WorkerUrl, timeout: Duration) -> Option<GetLoadsRespons
 }
 
 /// GetLoads as the load monitor's figures: requests (running + waiting) and waiting summed
-/// over the ranks, and their mean KV token usage.
-pub async fn loads(url: &WorkerUrl, timeout: Duration) -> Option<EngineLoad> {
-    let r = get_loads(url, timeout).await?;
-    if r.loads.is_empty() {
+/// over the ranks, and their mean KV token usage; under `--dp-aware`, the one rank `rank`
+/// (each rank's entry is its own worker, as for HTTP workers' `/v1/loads`).
+pub async fn loads(url: &WorkerUrl, rank: Option<u32>, timeout: Duration) -> Option<EngineLoad> {
+    engine_load(&get_loads(url, timeout).await?, rank)
+}
+
+fn engine_load(r: &GetLoadsResponse, rank: Option<u32>) -> Option<EngineLoad> {
+    let ranks: Vec<_> = r.loads.iter().filter(|s| rank.is_none_or(|want| s.dp_rank == want as i32)).collect();
+    if ranks.is_empty() {
         return None;
     }
     let mut l = EngineLoad { total: 0, waiting: 0, token_usage: None };
-    for s in &r.loads {
+    for s in &ranks {
         let total = if s.num_total_reqs > 0 { s.num_total_reqs } else { s.num_running_reqs + s.num_waiting_reqs };
         l.total += total.max(0) as u64;
         l.waiting += s.num_waiting_reqs.max(0) as u64;
     }
-    l.token_usage = Some(r.loads.iter().map(|s| s.token_usage).sum::<f64>() / r.loads.len() as f64);
+    let usage: f64 = ranks.iter().map(|s| s.token_usage).filter(|u| u.is_finite()).sum();
+    l.token_usage = Some(usage / ranks.len() as f64);
     Some(l)
+}
+
+/// A float for JSON: non-finite engine figures (NaN, ∞) as `null`, which JSON can carry.
+struct JsonF64(f64);
+
+impl std::fmt::Display for JsonF64 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_finite() {
+            write!(f, "{:?}", self.0)
+        } else {
+            f.write_str("null")
+        }
+    }
 }
 
 /// GetLoads for the admin `/get_loads`: the ranks' used KV tokens summed (None when the
@@ -162,17 +181,17 @@ pub async fn load_details(url: &WorkerUrl, timeout: Duration) -> Option<(Option<
         }
         let _ = write!(
             j,
-            "{{\"dp_rank\":{},\"num_running_reqs\":{},\"num_waiting_reqs\":{},\"num_total_reqs\":{},\"num_used_tokens\":{},\"max_total_num_tokens\":{},\"token_usage\":{:?},\"gen_throughput\":{:?},\"cache_hit_rate\":{:?},\"utilization\":{:?},\"max_running_requests\":{},\"num_waiting_uncached_tokens\":{}}}",
+            "{{\"dp_rank\":{},\"num_running_reqs\":{},\"num_waiting_reqs\":{},\"num_total_reqs\":{},\"num_used_tokens\":{},\"max_total_num_tokens\":{},\"token_usage\":{},\"gen_throughput\":{},\"cache_hit_rate\":{},\"utilization\":{},\"max_running_requests\":{},\"num_waiting_uncached_tokens\":{}}}",
             s.dp_rank,
             s.num_running_reqs,
             s.num_waiting_reqs,
             s.num_total_reqs,
             s.num_used_tokens,
             s.max_total_num_tokens,
-            s.token_usage,
-            s.gen_throughput,
-            s.cache_hit_rate,
-            s.utilization,
+            JsonF64(s.token_usage),
+            JsonF64(s.gen_throughput),
+            JsonF64(s.cache_hit_rate),
+            JsonF64(s.utilization),
             s.max_running_requests,
             s.num_waiting_uncached_tokens,
         );
@@ -181,8 +200,13 @@ pub async fn load_details(url: &WorkerUrl, timeout: Duration) -> Option<(Option<
     if let Some(a) = &r.aggregate {
         let _ = write!(
             j,
-            ",\"aggregate\":{{\"total_running_reqs\":{},\"total_waiting_reqs\":{},\"total_reqs\":{},\"avg_token_usage\":{:?},\"avg_throughput\":{:?},\"avg_utilization\":{:?}}}",
-            a.total_running_reqs, a.total_waiting_reqs, a.total_reqs, a.avg_token_usage, a.avg_throughput, a.avg_utilization
+            ",\"aggregate\":{{\"total_running_reqs\":{},\"total_waiting_reqs\":{},\"total_reqs\":{},\"avg_token_usage\":{},\"avg_throughput\":{},\"avg_utilization\":{}}}",
+            a.total_running_reqs,
+            a.total_waiting_reqs,
+            a.total_reqs,
+            JsonF64(a.avg_token_usage),
+            JsonF64(a.avg_throughput),
+            JsonF64(a.avg_utilization)
         );
     }
     j.push('}');
@@ -239,7 +263,8 @@ pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &TokenizerSour
     };
     let max_running = arg("max_running_requests");
     // `--dp-aware` splits a worker with dp_size > 1 into ranks; each call then names its rank.
-    let dp_size = arg("dp_size").and_then(|n| u32::try_from(n).ok());
+    // Clamped as the HTTP probe clamps it: an engine's figure never builds a million entries.
+    let dp_size = arg("dp_size").map(|n| n.clamp(1, 1024) as u32);
     let grpc = GrpcModel {
         tokenizer,
         max_context: u32::try_from(info.max_context_length).ok().filter(|&n| n > 0),
@@ -293,4 +318,34 @@ async fn tokenizer(
         m.insert(key, Arc::downgrade(&t));
     }
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smg_proto::scheduler::SchedulerLoad;
+
+    fn rank(dp_rank: i32, running: i32, waiting: i32, usage: f64) -> SchedulerLoad {
+        SchedulerLoad {
+            dp_rank,
+            num_running_reqs: running,
+            num_waiting_reqs: waiting,
+            token_usage: usage,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_dp_aware_entry_reads_its_own_rank() {
+        let r = GetLoadsResponse { loads: vec![rank(0, 30, 5, 0.5), rank(1, 2, 0, f64::NAN)], ..Default::default() };
+        assert_eq!(engine_load(&r, Some(0)), Some(EngineLoad { total: 35, waiting: 5, token_usage: Some(0.5) }));
+        assert_eq!(engine_load(&r, Some(1)), Some(EngineLoad { total: 2, waiting: 0, token_usage: Some(0.0) }));
+        assert_eq!(engine_load(&r, Some(2)), None, "a rank the engine does not report");
+        assert_eq!(engine_load(&r, None), Some(EngineLoad { total: 37, waiting: 5, token_usage: Some(0.25) }));
+    }
+
+    #[test]
+    fn non_finite_figures_are_null_in_json() {
+        assert_eq!(format!("{} {} {}", JsonF64(0.25), JsonF64(f64::NAN), JsonF64(f64::INFINITY)), "0.25 null null");
+    }
 }
