@@ -430,7 +430,6 @@ fn targets(fleet: &Fleet) -> Vec<(WorkerUrl, Option<String>)> {
 /// `POST /flush_cache` to every worker (FlushCache for gRPC ones), one result each (SMG's
 /// FlushCacheResult).
 async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration) -> AdminReply {
-    let targets_grpc = targets.iter().filter(|(u, _)| u.grpc).count();
     let tasks: Vec<_> = targets
         .into_iter()
         .map(|(u, key)| {
@@ -445,14 +444,15 @@ async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duratio
                         Err(e) => Err(e.to_string()),
                     }
                 };
-                (u.url, outcome)
+                (u.url, u.grpc, outcome)
             })
         })
         .collect();
-    let grpc = targets_grpc;
-    let (mut ok, mut failed) = (Vec::new(), Vec::new());
+    // Counted from the answers, so every count is of the workers listed.
+    let (mut ok, mut failed, mut grpc) = (Vec::new(), Vec::new(), 0);
     for t in tasks {
-        if let Ok((url, outcome)) = t.await {
+        if let Ok((url, is_grpc, outcome)) = t.await {
+            grpc += usize::from(is_grpc);
             match outcome {
                 Ok(()) => ok.push(url),
                 Err(e) => failed.push((url, e)),
