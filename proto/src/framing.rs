@@ -113,7 +113,10 @@ impl Deframer {
             return None;
         }
         if self.buf[0] != 0 {
-            return Some(Err(Status::new(Code::UNIMPLEMENTED, "compressed gRPC messages are not supported")));
+            // Neither side asks for compression (no grpc-accept-encoding), so a compressed
+            // message is the peer's protocol fault: INTERNAL, which the gateway maps to 500
+            // (UNIMPLEMENTED would read as 501, an endpoint the engine lacks).
+            return Some(Err(Status::new(Code::INTERNAL, "compressed gRPC messages are not supported")));
         }
         let len = self.declared();
         if len > MAX_MESSAGE {
