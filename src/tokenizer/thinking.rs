@@ -22,8 +22,8 @@ pub struct ThinkingStyle {
     pub key: Option<&'static str>,
     /// The toggle's value when nobody sets it.
     pub default_on: bool,
-    /// The effort levels the template compares `reasoning_effort` with; None when it reads
-    /// no `reasoning_effort`.
+    /// The effort levels the template compares `reasoning_effort` with; None when it names
+    /// none (it may still print the variable: that is not a level of its own).
     pub levels: Option<Vec<String>>,
 }
 
@@ -36,9 +36,6 @@ pub struct ThinkingAsk<'a> {
     /// `thinking.type`.
     pub kind: Option<&'a str>,
 }
-
-/// Levels assumed for a template that reads `reasoning_effort` without naming any.
-const COMMON_LEVELS: [&str; 3] = ["low", "medium", "high"];
 
 impl ThinkingStyle {
     /// Reads `source` (the heuristics SMG's template detection uses for the toggle: the
@@ -78,8 +75,7 @@ impl ThinkingStyle {
                 if off(e) {
                     return Some(false);
                 }
-                let native = if levels.is_empty() { COMMON_LEVELS.contains(&e) } else { levels.iter().any(|l| l == e) };
-                if native {
+                if levels.iter().any(|l| l == e) {
                     return Some(true);
                 }
             }
@@ -101,10 +97,9 @@ impl ThinkingStyle {
 }
 
 /// The string literals compared with `reasoning_effort` (`==`, `!=`, `in [...]`), in the
-/// template tags that read it. Some(empty) when it is read but compared with nothing.
+/// template tags that read it; None when there are none.
 fn effort_levels(source: &str) -> Option<Vec<String>> {
     const VAR: &str = "reasoning_effort";
-    let mut found = false;
     let mut levels: Vec<String> = Vec::new();
     let mut from = 0;
     while let Some(at) = source[from..].find(VAR).map(|i| i + from) {
@@ -117,7 +112,6 @@ fn effort_levels(source: &str) -> Option<Vec<String>> {
         {
             continue;
         }
-        found = true;
         let start = source[..at].rfind("{%").into_iter().chain(source[..at].rfind("{{")).max().unwrap_or(0);
         let end = [source[at..].find("%}"), source[at..].find("}}")]
             .into_iter()
@@ -136,7 +130,7 @@ fn effort_levels(source: &str) -> Option<Vec<String>> {
             }
         }
     }
-    found.then_some(levels)
+    (!levels.is_empty()).then_some(levels)
 }
 
 /// Quoted strings ('…' or "…") in a template tag.
@@ -177,7 +171,7 @@ mod tests {
             "{% if reasoning_effort == 'max' %}M{% elif reasoning_effort in ['high', \"low\"] %}H{% endif %}{{ reasoning_effort_map }}",
         );
         assert_eq!(levels.levels, Some(vec!["max".into(), "high".into(), "low".into()]));
-        assert_eq!(ThinkingStyle::detect("Reasoning: {{ reasoning_effort }}").levels, Some(vec![]));
+        assert_eq!(ThinkingStyle::detect("Reasoning: {{ reasoning_effort }}").levels, None);
     }
 
     #[test]
