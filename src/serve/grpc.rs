@@ -384,7 +384,11 @@ async fn respond(
     let tok = &model.tokenizer;
     let mut choices: Vec<ChoiceState<'_>> = (0..total)
         .map(|_| ChoiceState {
-            decoder: tok.decoder(prep.skip_special),
+            // A completion continues its prompt; a chat reply starts a message.
+            decoder: match kind {
+                Kind::Completions => tok.decoder(prep.skip_special).continuing(),
+                Kind::Chat => tok.decoder(prep.skip_special),
+            },
             stop: StopMatcher::new(&prep.stop, prep.no_stop_trim),
             text: String::new(),
             finish: None,

@@ -214,6 +214,17 @@ impl<'a> IncrementalDecoder<'a> {
         IncrementalDecoder { inner: Inner::Stream(Box::new(tk.decode_stream(skip_special))) }
     }
 
+    /// A decoder whose output continues text that came before it (a completion continues its
+    /// prompt): the first token keeps its leading space, as an engine that decodes with the
+    /// prompt's last tokens in front shows it (" Paris" after "The capital of France is").
+    /// The crate's `DecodeStream` has no such start; decoders on that path are unchanged.
+    pub fn continuing(mut self) -> Self {
+        if let Inner::Table { at_start, .. } = &mut self.inner {
+            *at_start = false;
+        }
+        self
+    }
+
     /// Appends to `out` the text that token `id` completes; returns how many bytes that was
     /// (0 when `id` ends inside a character, or is a skipped special token).
     pub fn step(&mut self, id: u32, out: &mut String) -> usize {
@@ -346,6 +357,12 @@ mod tests {
         let ids = [1, 2, 5, 3, 4];
         assert_eq!(stepwise(&tok, &ids), ["hi", " there", " ", "", "é"]);
         assert_eq!(tok.decode(&ids, false), tok.hf().decode(&ids, false).unwrap());
+        let mut d = tok.decoder(false).continuing();
+        let mut out = String::new();
+        for id in ids {
+            d.step(id, &mut out);
+        }
+        assert_eq!(out, " hi there é", "a continuation keeps its first space");
     }
 
     #[test]
