@@ -105,14 +105,12 @@ fn put_chat(out: &mut Vec<u8>, tok: &Tokenizer, entries: &[Entry]) {
 }
 
 fn put_legacy(out: &mut Vec<u8>, tok: &Tokenizer, entries: &[Entry], top: u32, offset: &mut Offset) {
-    let texts: Vec<String> =
-        entries.iter().map(|e| String::from_utf8_lossy(&tok.token_bytes(e.id)).into_owned()).collect();
     out.extend_from_slice(b"{\"tokens\":[");
-    for (i, t) in texts.iter().enumerate() {
+    for (i, e) in entries.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        put_str(out, t);
+        put_str(out, &String::from_utf8_lossy(&tok.token_bytes(e.id)));
     }
     out.extend_from_slice(b"],\"token_logprobs\":[");
     for (i, e) in entries.iter().enumerate() {
@@ -133,12 +131,13 @@ fn put_legacy(out: &mut Vec<u8>, tok: &Tokenizer, entries: &[Entry], top: u32, o
             out.push(b'{');
             let mut first = true;
             for &(id, lp) in &e.top {
-                let text = String::from_utf8_lossy(&tok.token_bytes(id)).into_owned();
+                let bytes = tok.token_bytes(id);
+                let text = String::from_utf8_lossy(&bytes);
                 // Two alternatives with the same text are one key; the likelier is listed first.
                 if e.top
                     .iter()
                     .take_while(|&&(other, _)| other != id)
-                    .any(|&(other, _)| String::from_utf8_lossy(&tok.token_bytes(other)) == text.as_str())
+                    .any(|&(other, _)| String::from_utf8_lossy(&tok.token_bytes(other)) == text)
                 {
                     continue;
                 }
@@ -155,12 +154,12 @@ fn put_legacy(out: &mut Vec<u8>, tok: &Tokenizer, entries: &[Entry], top: u32, o
         out.push(b']');
     }
     out.extend_from_slice(b",\"text_offset\":[");
-    for (i, t) in texts.iter().enumerate() {
+    for (i, e) in entries.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         put_dec(out, offset.0);
-        offset.0 += t.chars().count() as u64;
+        offset.0 += String::from_utf8_lossy(&tok.token_bytes(e.id)).chars().count() as u64;
     }
     out.extend_from_slice(b"]}");
 }
