@@ -58,8 +58,10 @@ fn prefix_cache_accounting_and_cheaper_prefill() {
         let warm = http(p, "POST", "/v1/completions", &body).json();
         let warm_t = t0.elapsed();
         assert_eq!(warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(992));
-        // 9 uncached tokens: 20 ms + 0.9 ms.
-        assert!(within(warm_t, 20.9, 0.2) || warm_t < Duration::from_millis(25), "warm {warm_t:?}");
+        // 9 uncached tokens: 20 ms + 0.9 ms. Had the 992 cached tokens been charged they would
+        // add 99 ms, so the upper bound sits halfway: a busy host's few ms of scheduling delay
+        // (a fresh-clone CI run read 25.08 ms against a 25.08 ms bound) cannot decide it.
+        assert!(warm_t >= Duration::from_micros(16_700) && warm_t < Duration::from_millis(70), "warm {warm_t:?}");
 
         // A shared prefix hits up to the first differing block.
         let other = format!(r#"{{"model":"m","prompt":"{}{}"}}"#, &prompt[..2000], "z".repeat(2000));
