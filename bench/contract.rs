@@ -67,6 +67,22 @@ fn bench(c: &mut Criterion) {
         group.bench_function(format!("inspect/{label}/alias"), |b| {
             b.iter(|| inspect(Endpoint::ChatCompletions, black_box(aliased.as_bytes()), true, &aliases).unwrap())
         });
+        // The depth bound the routes without a modeled schema pay before their lazy `model`
+        // read (src/bounded_json.rs), beside that read itself.
+        let embed = format!(
+            r#"{{"model":"m","input":[{}]}}"#,
+            (0..size / 10).map(|i| format!("{:.6}", i as f64 / 7.0)).collect::<Vec<_>>().join(",")
+        );
+        group.throughput(Throughput::Bytes(embed.len() as u64));
+        group.bench_function(format!("depth_bound/{label}/embeddings_numbers"), |b| {
+            b.iter(|| smg::bounded_json::check(black_box(embed.as_bytes())).unwrap())
+        });
+        group.bench_function(format!("depth_bound/{label}/chat_text"), |b| {
+            b.iter(|| smg::bounded_json::check(black_box(aliased.as_bytes())).unwrap())
+        });
+        group.bench_function(format!("lazy_model/{label}/embeddings_numbers"), |b| {
+            b.iter(|| sonic_rs::get(black_box(embed.as_bytes()), ["model"]).unwrap())
+        });
         // Reference point from DESIGN.md: one full sonic-rs parse of the same body.
         let plain = model_first("meta-llama/Llama-3.1-8B-Instruct", size);
         group.bench_function(format!("sonic_rs_value/{label}"), |b| {

@@ -5,7 +5,6 @@
 //! Run: `cd /work/scratch/routing && CARGO_TARGET_DIR=/work/target-routing cargo bench --bench routing`
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use smg::routing::{
@@ -41,7 +40,7 @@ fn cands(urls: &[String]) -> Vec<Candidate<'_>> {
 /// `len` long; returns one stored conversation to extend.
 fn populated(len: usize, shards: usize, c: &[Candidate<'_>]) -> (ShardRouter, String) {
     let mut r = ShardRouter::new(&RoutingConfig::default(), 0, shards);
-    let now = Instant::now();
+    let now = smg::clock::now();
     let mut last = String::new();
     for conv in 0..64u64 {
         let mut t = text(conv % 8, len / 2);
@@ -60,7 +59,7 @@ fn input(t: &str) -> RouteInput<'_> {
 fn cache_aware(c: &mut Criterion) {
     let u = urls(8);
     let cs = cands(&u);
-    let now = Instant::now();
+    let now = smg::clock::now();
     for (name, len) in [("2KB", 2 * 1024), ("200KB", 200 * 1024)] {
         for shards in [1usize, 2] {
             let (mut r, conv) = populated(len, shards, &cs);
@@ -140,7 +139,7 @@ fn keyed(k: &str) -> RouteInput<'_> {
 }
 
 fn hash_policies(c: &mut Criterion) {
-    let now = Instant::now();
+    let now = smg::clock::now();
     let keys: Vec<String> = (0..1024).map(|i| format!("session-{i}")).collect();
     let prompts: Vec<String> = (0..1024).map(|i| text(i, 2048)).collect();
     for n in [2usize, 10, 100, 1000] {
@@ -183,7 +182,7 @@ fn parsing(c: &mut Criterion) {
 fn memory_report() {
     let u = urls(8);
     let cs = cands(&u);
-    let now = Instant::now();
+    let now = smg::clock::now();
     let mut r = ShardRouter::new(&RoutingConfig::default(), 0, 1);
     // 400 chats of 8 turns over 8 system prompts of 4 KB; turns add ~1.5 KB each.
     for conv in 0..400u64 {

@@ -80,6 +80,9 @@ pub struct Writev2 {
     iov: Box<[libc::iovec; 2]>,
 }
 
+// SAFETY: the iovecs live in a Box (a stable address while monoio holds the buffer) and point
+// into `a` and `b`, which this struct owns and leaves untouched while an operation holds it.
+#[allow(unsafe_code)]
 unsafe impl IoVecBuf for Writev2 {
     fn read_iovec_ptr(&self) -> *const libc::iovec {
         let first = if self.iov[0].iov_len == 0 { 1 } else { 0 };
@@ -97,6 +100,7 @@ unsafe impl IoVecBuf for Writev2 {
 
 impl Writev2 {
     /// Writes `a` then `b[b_start..b_end]`, looping over short writes; both come back.
+    #[allow(unsafe_code)]
     pub async fn write(
         s: &mut TcpStream,
         a: Vec<u8>,
@@ -142,6 +146,7 @@ pub async fn shutdown_write(s: &mut TcpStream) {
 
 /// One non-blocking `MSG_PEEK` of a byte: Some(true) = the peer closed or the socket failed,
 /// Some(false) = bytes are waiting, None = nothing yet.
+#[allow(unsafe_code)]
 fn peek_now(fd: RawFd) -> Option<bool> {
     let mut byte = 0u8;
     // SAFETY: one-byte buffer on a socket the caller owns.
@@ -183,9 +188,72 @@ pub async fn peer_closed(s: &TcpStream) -> bool {
     }
 }
 
+/// One socket as a read half and a write half that can be busy at once (a relay waits for
+/// its next read while it writes the other way), with no second descriptor. Sound for the
+/// same reason monoio declares `TcpStream: Split`: its reads and writes take `&mut self`
+/// only to clone the shared descriptor into the operation, which then owns what it uses.
+pub(crate) fn split(s: &mut TcpStream) -> (ReadHalf<'_>, WriteHalf<'_>) {
+    let cell = std::cell::UnsafeCell::from_mut(s);
+    (ReadHalf(cell), WriteHalf(cell))
+}
+
+/// The reading side of [`split`].
+pub(crate) struct ReadHalf<'a>(&'a std::cell::UnsafeCell<TcpStream>);
+
+/// The writing side of [`split`].
+pub(crate) struct WriteHalf<'a>(&'a std::cell::UnsafeCell<TcpStream>);
+
+impl ReadHalf<'_> {
+    /// [`read_more`] on this half.
+    #[allow(unsafe_code)]
+    pub(crate) async fn read_more(&mut self, mut buf: Vec<u8>, min_spare: usize) -> (io::Result<usize>, Vec<u8>) {
+        if buf.capacity() - buf.len() < min_spare {
+            buf.reserve(min_spare);
+        }
+        let (len, cap) = (buf.len(), buf.capacity());
+        // SAFETY: see `split`; the borrow only lasts the call that submits the operation.
+        let op = unsafe { &mut *self.0.get() }.read(buf.slice_mut(len..cap));
+        let (res, slice) = op.await;
+        (res, slice.into_inner())
+    }
+
+    /// Resolves once the socket has bytes (or an end) to read; no buffer is held meanwhile.
+    #[allow(unsafe_code)]
+    pub(crate) async fn readable(&self) -> io::Result<()> {
+        // SAFETY: see `split`; `readable` takes `&self`.
+        let s = unsafe { &*self.0.get() };
+        s.readable(false).await
+    }
+}
+
+impl WriteHalf<'_> {
+    /// [`write_range`] on this half.
+    #[allow(unsafe_code)]
+    pub(crate) async fn write_range(
+        &mut self,
+        mut buf: Vec<u8>,
+        mut start: usize,
+        end: usize,
+    ) -> (io::Result<()>, Vec<u8>) {
+        while start < end {
+            // SAFETY: see `split`; the borrow only lasts the call that submits the operation.
+            let op = unsafe { &mut *self.0.get() }.write(buf.slice(start..end));
+            let (res, slice) = op.await;
+            buf = slice.into_inner();
+            match res {
+                Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
+                Ok(n) => start += n,
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+}
+
 /// A second descriptor for a socket (`dup`), registered with the reactor on its own. A
 /// watch armed on it can stay pending while writes go through the original, which monoio's
 /// writes need exclusively.
+#[allow(unsafe_code)]
 pub fn dup_stream(s: &TcpStream) -> io::Result<TcpStream> {
     // SAFETY: dup of a descriptor we own; the new one is owned by the std stream at once.
     let fd = unsafe { libc::fcntl(s.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
@@ -215,8 +283,53 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
     TcpListener::bind_with_config(addr, &opts)
 }
 
+/// Stops a listener from starting new handshakes while handshakes already under way still
+/// complete into its accept queue: a socket filter that drops segments with SYN and without
+/// ACK (a client's first). The dropped client retries its SYN a second later and finds the
+/// socket closed (connection refused), so it never saw a connection that is then reset.
+/// Classic BPF sees a TCP socket's segments from their TCP header: byte 13 is the flags.
+#[allow(unsafe_code)]
+pub(crate) fn refuse_handshakes(l: &TcpListener) -> io::Result<()> {
+    const LDB_ABS: u16 = 0x30; // BPF_LD | BPF_B | BPF_ABS
+    const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let prog = [
+        op(LDB_ABS, 0, 0, 13),
+        op(JSET_K, 2, 0, 0x10), // ACK: a handshake's last segment, or a later one: keep
+        op(JSET_K, 0, 1, 0x02), // SYN without ACK: a new handshake: drop
+        op(RET_K, 0, 0, 0),
+        op(RET_K, 0, 0, u32::MAX),
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: `fprog` points at `prog`, both alive for the call; the kernel copies them.
+    let rc = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True when the listener's accept queue holds a connection now (an accept would not wait).
+#[allow(unsafe_code)]
+pub(crate) fn backlog_ready(l: &TcpListener) -> bool {
+    let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd on the stack, timeout 0.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & libc::POLLIN != 0
+}
+
 /// A listener on a descriptor someone else opened (systemd's socket activation): a
 /// duplicate, so each shard owns its own and the original stays for the others.
+#[allow(unsafe_code)]
 pub fn listener_from_fd(fd: RawFd) -> io::Result<TcpListener> {
     // SAFETY: dup of a descriptor systemd handed us; the new one is owned at once.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -242,6 +355,7 @@ pub fn is_resource_exhaustion(e: &io::Error) -> bool {
 /// before the kernel drops the connection and our pending write fails (TCP_USER_TIMEOUT,
 /// which Linux applies to zero-window probing too). A client that stops reading is cut
 /// after about `d` without a timer per write: one setsockopt per connection.
+#[allow(unsafe_code)]
 pub fn send_deadline(s: &TcpStream, d: Duration) {
     let ms: libc::c_uint = d.as_millis().min(u32::MAX as u128) as libc::c_uint;
     // SAFETY: setsockopt with a correctly sized value on a socket we own.
@@ -258,6 +372,7 @@ pub fn send_deadline(s: &TcpStream, d: Duration) {
 
 /// Raises the soft descriptor limit to the hard one (what nginx's `worker_rlimit_nofile`
 /// and Go's runtime do); returns the limit in force.
+#[allow(unsafe_code)]
 pub fn raise_descriptor_limit() -> u64 {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit on a struct we own.

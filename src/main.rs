@@ -1,5 +1,8 @@
 //! `smg` binary: parse the command line, validate it, run the shards.
 
+// Unsafe code only where a comment proves it sound: each place has #[allow(unsafe_code)] and a SAFETY line.
+#![deny(unsafe_code)]
+
 use clap::Parser;
 use smg::config::{Cli, Command};
 
@@ -8,9 +11,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The demo's simulated workers: a child process, killed when this is dropped at the end.
+    let mut _demo_workers = None;
     let cfg = match cli.command {
         Command::Launch(args) => args.into_config(smg::runtime::host()),
-        Command::Demo(args) => smg::demo::config(&args),
+        Command::Demo(args) => smg::demo::start(&args).map(|(cfg, sim)| {
+            _demo_workers = Some(sim);
+            cfg
+        }),
     };
     let cfg = match cfg {
         Ok(c) => c,

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::access_log::{AccessLog, Entry};
 use crate::admission::permits::{PermitMsg, Permits};
 use crate::admission::priority::config::SLOTS_PER_UNREPORTED_WORKER;
-use crate::admission::priority::Scheduler;
+use crate::admission::priority::{SchedMsg, Scheduler};
 use crate::budget::shard::ShardBudgets;
 use crate::config::Config;
 use crate::http::date::{DateCache, LEN as DATE_LEN};
@@ -111,12 +111,15 @@ pub struct Shard {
     loads: RefCell<Loads>,
     router: RefCell<ShardRouter>,
     peers: Vec<flume::Sender<ShardMsg>>,
-    rng: Cell<u64>,
+    rng: RefCell<fastrand::Rng>,
     date: DateCache,
     /// Requests between head and the end of their response; drain waits for zero.
     inflight: Cell<usize>,
     /// Open client connections, against this shard's share of `--max-connections`.
     connections: Cell<usize>,
+    /// Connections whose first request head has not arrived yet: a drain waits a moment for
+    /// them (they may have been accepted from the backlog as it began).
+    unread: Cell<usize>,
     /// The accept loop, parked while the shard is at its connection cap.
     accept_waiter: Cell<Option<Waker>>,
     draining: Cell<bool>,
@@ -147,11 +150,14 @@ pub struct Shard {
 }
 
 /// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
-/// the unbounded permit channel (never drops: a lost message would be a lost permit).
+/// the unbounded admission channels (never drop: a lost message would be a lost permit or
+/// slot). One admission kind is on at a time: permits, or the scheduler that replaces them.
 pub struct Peers {
     pub inboxes: Vec<flume::Sender<ShardMsg>>,
     /// (peer shard index, its permit channel)
     pub permits: Vec<(usize, flume::Sender<PermitMsg>)>,
+    /// (peer shard index, its scheduler channel)
+    pub sched: Vec<(usize, flume::Sender<SchedMsg>)>,
     /// The access log writer (None: access log off).
     pub access_log: Option<flume::Sender<Vec<u8>>>,
     pub heartbeats: Heartbeats,
@@ -180,7 +186,7 @@ impl Shard {
         let loads = Loads { peers: vec![Arc::from(Vec::new()); cfg.cores], ..Loads::default() };
         let (permits, scheduler) = match (&cfg.admission, &cfg.priority) {
             (_, Some(p)) => {
-                let s = Scheduler::new(Rc::new(p.clone()), index, cfg.cores, peers.permits);
+                let s = Scheduler::new(Rc::new(p.clone()), index, cfg.cores, peers.sched);
                 (None, Some(Rc::new(RefCell::new(s))))
             }
             (Some(a), None) => (Some(Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits)))), None),
@@ -194,10 +200,11 @@ impl Shard {
             loads: RefCell::new(loads),
             router: RefCell::new(ShardRouter::new(&cfg.routing, index, cfg.cores)),
             peers: peers.inboxes,
-            rng: Cell::new(seed | 1),
+            rng: RefCell::new(fastrand::Rng::with_seed(seed)),
             date: DateCache::default(),
             inflight: Cell::new(0),
             connections: Cell::new(0),
+            unread: Cell::new(0),
             accept_waiter: Cell::new(None),
             draining: Cell::new(false),
             handover: Cell::new(false),
@@ -281,20 +288,18 @@ impl Shard {
         self.permits.as_ref()
     }
 
-    /// A peer's permit (or scheduler) message.
+    /// A peer's permit message.
     pub fn on_permit_message(&self, msg: PermitMsg) {
-        match msg {
-            PermitMsg::Sched(m) => {
-                // Judged against the current capacity, as the sender's was.
-                if let Some(s) = self.scheduler() {
-                    s.borrow_mut().on_message(m);
-                }
-            }
-            m => {
-                if let Some(p) = &self.permits {
-                    p.borrow_mut().on_message(m);
-                }
-            }
+        if let Some(p) = &self.permits {
+            p.borrow_mut().on_message(msg);
+        }
+    }
+
+    /// A peer's scheduler message.
+    pub fn on_sched_message(&self, msg: SchedMsg) {
+        // Judged against the current capacity, as the sender's was.
+        if let Some(s) = self.scheduler() {
+            s.borrow_mut().on_message(msg);
         }
     }
 
@@ -327,12 +332,7 @@ impl Shard {
 
     /// xorshift64*: request ids; quality is plenty for that.
     pub fn next_random(&self) -> u64 {
-        let mut x = self.rng.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng.set(x);
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.rng.borrow_mut().u64(..)
     }
 
     /// The `Date` header value for this second.
@@ -506,6 +506,38 @@ impl Shard {
         Some(ConnectionSlot(Rc::clone(self)))
     }
 
+    /// A connection taken from the backlog while the shard drains: over the cap if need be,
+    /// since closing it unread would reset it (the backlog bounds how many there are).
+    pub(crate) fn open_connection_in_drain(self: &Rc<Self>) -> ConnectionSlot {
+        self.connections.set(self.connections.get() + 1);
+        ConnectionSlot(Rc::clone(self))
+    }
+
+    /// Counts a connection as unread until the guard drops (its first head arrived, or it
+    /// closed).
+    pub(crate) fn unread_connection(self: &Rc<Self>) -> UnreadGuard {
+        self.unread.set(self.unread.get() + 1);
+        UnreadGuard(Rc::clone(self))
+    }
+
+    /// Connections that have not sent their first request head yet.
+    pub(crate) fn unread(&self) -> usize {
+        self.unread.get()
+    }
+
+    /// The second unit of the cap a WebSocket session holds, for its worker socket (so the
+    /// cap counts the descriptors a session holds: two). Granted only below three quarters
+    /// of the shard's share: the last quarter stays for connections that are not sessions,
+    /// so a flood of sessions is refused while `/health` and requests are still accepted.
+    pub(crate) fn open_session_unit(self: &Rc<Self>) -> Option<ConnectionSlot> {
+        let cap = self.connection_cap();
+        if self.connections.get() >= cap - cap / 4 {
+            return None;
+        }
+        self.connections.set(self.connections.get() + 1);
+        Some(ConnectionSlot(Rc::clone(self)))
+    }
+
     /// Resolves when a connection slot is free or the shard drains.
     pub async fn slot_free(&self) {
         std::future::poll_fn(|cx| {
@@ -567,7 +599,7 @@ impl Shard {
         }
         if slow {
             self.pool.sweep();
-            self.router.borrow_mut().tick(Instant::now());
+            self.router.borrow_mut().tick(crate::clock::now());
         }
     }
 
@@ -628,7 +660,7 @@ pub struct Heartbeats {
 impl Heartbeats {
     pub fn new(shards: usize) -> Self {
         Self {
-            start: std::time::Instant::now(),
+            start: crate::clock::now(),
             slots: Arc::new((0..shards).map(|_| std::sync::atomic::AtomicU64::new(0)).collect()),
         }
     }
@@ -666,6 +698,15 @@ pub struct InflightGuard(Rc<Shard>);
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.0.inflight.set(self.0.inflight.get() - 1);
+    }
+}
+
+/// A connection before its first request head (see [`Shard::unread_connection`]).
+pub(crate) struct UnreadGuard(Rc<Shard>);
+
+impl Drop for UnreadGuard {
+    fn drop(&mut self) {
+        self.0.unread.set(self.0.unread.get() - 1);
     }
 }
 

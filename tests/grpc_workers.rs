@@ -1,6 +1,8 @@
 //! gRPC workers (`grpc://`, SGLang's scheduler API) through the real binary, against the
 //! simulated scheduler (`smg-sim --grpc`) in this process: registration and readiness, the
 //! gateway's own tokenization, detokenization and OpenAI responses, aborts and engine errors.
+// A test's threads are not shards: they sleep, and time what the gateway does.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -800,4 +802,143 @@ fn speculative_decoding_counts_reach_usage_when_the_engine_drafted() {
         let v = post(gw.port, "/v1/chat/completions", &chat(""), &[]).json();
         assert!(v["usage"].get("completion_tokens_details").is_none(), "{v:?}");
     });
+}
+
+/// `field` of /proc/<pid>/status (`VmRSS:`, `VmHWM:`), in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn an_engine_message_over_the_limit_fails_the_call_before_it_is_buffered() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = gateway(legacy, &[&sim], &["--grpc-max-message-size", "8388608", "--disable-retries"]);
+        assert_eq!(post(gw.port, "/v1/chat/completions", &chat(""), &[]).status, 200);
+        let base = status_kib(gw.pid(), "VmRSS:");
+        // 6M token ids of 4 bytes: a 24 MB message, three times the limit.
+        for stream in [false, true] {
+            let extra = format!(r#","custom_params":{{"sim_huge_tokens":6000000}},"stream":{stream}"#);
+            let r = post(gw.port, "/v1/chat/completions", &chat(&extra), &[]);
+            assert_eq!(r.status, 502, "{}", r.text());
+            assert_eq!(r.header("x-smg-error-code"), Some("upstream_response_too_large"));
+            let msg = r.json()["error"]["message"].as_str().unwrap_or("").to_string();
+            assert!(msg.contains("--grpc-max-message-size") && msg.contains("the limit is 8388608"), "{msg}");
+            // The same worker, on the same connection, serves the next request.
+            assert_eq!(post(gw.port, "/v1/chat/completions", &chat(""), &[]).status, 200);
+        }
+        let peak = status_kib(gw.pid(), "VmHWM:").saturating_sub(base);
+        println!("24 MB engine message ({}): peak RSS +{peak} KiB", if legacy { "epoll" } else { "io_uring" });
+        assert!(peak < 12 << 10, "peak RSS grew {peak} KiB with a 24 MB message refused");
+    });
+}
+
+/// The gRPC path parses the client's body whole (sonic-rs, by recursion): at the contract's
+/// depth limit it is answered, on the stack the shards get; past it, a 400 before any parse.
+#[test]
+fn bodies_at_the_depth_limit_are_answered_and_deeper_ones_refused() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, &["--grpc"]);
+        let mut gw = gateway(legacy, &[&sim], &[]);
+        let nested = |levels: usize| chat(&format!(r#","metadata_deep":{}{}"#, "[".repeat(levels), "]".repeat(levels)));
+        let r = post(gw.port, "/v1/chat/completions", &nested(127), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = post(gw.port, "/v1/chat/completions", &nested(100_000), &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("json_parse_error"));
+        assert!(gw.alive());
+    });
+}
+
+/// A chat body over `--max-buffered-request-bytes` is read whole for a gRPC worker (it is
+/// rendered and tokenized), never streamed to it as HTTP/1.1: that answered 502 and counted
+/// against the worker's breaker, so a few such requests opened it for everyone.
+#[test]
+fn a_large_body_for_a_grpc_worker_is_read_not_streamed() {
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, &["--grpc"]);
+        let args = ["--policy", "round_robin", "--max-buffered-request-bytes", "65536", "--cb-failure-threshold", "2"];
+        let gw = gateway(legacy, &[&sim], &args);
+        let big = chat(&format!(r#","user":"{}""#, "x".repeat(200_000)));
+        let generates = || sim.stats()["grpc"]["rpcs"]["Generate"].as_u64().unwrap_or(0);
+        let before = generates();
+        for _ in 0..3 {
+            let r = post(gw.port, "/v1/chat/completions", &big, &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(r.status, 200, "the worker's breaker stayed closed: {}", r.text());
+        assert_eq!(generates(), before + 4, "every request reached the engine as a Generate call");
+    });
+}
+
+/// One model on an HTTP and a gRPC worker, clients sending non-streamed chats; the `victim`
+/// is killed under load once `after` requests are answered. Every request is answered 200
+/// (a failure before any byte reached the client is retried on the other worker, whatever
+/// its protocol), and every request sent after the kill by the survivor.
+fn fails_over_across_protocols(legacy: bool, kill_grpc: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let http = Sim::start(MODEL, &["--ttft-ms", "0", "--itl-ms", "5", "--output-tokens", "6"]);
+    let grpc = Sim::start(MODEL, &["--grpc", "--ttft-ms", "0", "--itl-ms", "5", "--output-tokens", "6"]);
+    let (http_url, grpc_url) = (http.url(), grpc.grpc_url());
+    let args = [
+        "--worker-urls",
+        &http_url,
+        &grpc_url,
+        "--cores",
+        "2",
+        "--policy",
+        "round_robin",
+        "--health-check-interval-secs",
+        "1",
+    ];
+    let gw = Gateway::start(legacy, &args);
+    gw.ready_workers(2);
+    let (victim, survivor_url) = if kill_grpc { (&grpc, http_url.clone()) } else { (&http, grpc_url.clone()) };
+    let answered = Arc::new(AtomicUsize::new(0));
+    let killed = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (port, answered, killed) = (gw.port, Arc::clone(&answered), Arc::clone(&killed));
+            std::thread::spawn(move || {
+                // Until 10 requests went out after the kill (at most 400 in all).
+                let mut out = Vec::new();
+                while out.len() < 400 && out.iter().filter(|(after, _)| *after).count() < 10 {
+                    let after_kill = killed.load(Ordering::SeqCst);
+                    let r = post(port, "/v1/chat/completions", &chat(""), &[]);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    out.push((after_kill, r));
+                }
+                out
+            })
+        })
+        .collect();
+    assert!(wait_until(patience(Duration::from_secs(10)), || answered.load(Ordering::SeqCst) >= 8));
+    victim.die();
+    killed.store(true, Ordering::SeqCst);
+    let mut after = 0;
+    for c in clients {
+        for (after_kill, r) in c.join().unwrap() {
+            assert_eq!(r.status, 200, "kill_grpc={kill_grpc}: {}", r.text());
+            assert!(r.json()["choices"][0]["message"]["content"].as_str().is_some_and(|t| !t.is_empty()));
+            if after_kill {
+                after += 1;
+                assert_eq!(r.header("x-smg-routed-worker-id"), Some(survivor_url.as_str()), "sent after the kill");
+            }
+        }
+    }
+    assert!(after >= 40, "only {after} requests were sent after the kill");
+}
+
+#[test]
+fn a_model_on_grpc_and_http_workers_fails_over_from_grpc_to_http() {
+    both_drivers(|legacy| fails_over_across_protocols(legacy, true));
+}
+
+#[test]
+fn a_model_on_grpc_and_http_workers_fails_over_from_http_to_grpc() {
+    both_drivers(|legacy| fails_over_across_protocols(legacy, false));
 }

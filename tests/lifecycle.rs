@@ -1,6 +1,9 @@
 //! Request life-cycle: what the gateway answers before a body arrives, what every answer it
-//! makes carries, status lines, and upstream sockets that die while pooled. Each test runs
+//! makes carries, status lines, upstream sockets that die while pooled, and a drain that
+//! resets none of the connections the kernel completed. Each test runs
 //! under io_uring and epoll; the tests of this file run one at a time (see `serial`).
+// A test's threads are not shards: they sleep, and time what the gateway does.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -201,5 +204,89 @@ fn restarted_worker_with_stale_pooled_sockets() {
             failures.len(),
             &failures[..failures.len().min(3)]
         );
+    });
+}
+
+/// How one connection of the drain test ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    Answered,
+    /// Closed with no byte of an answer: the gateway declined it cleanly.
+    CleanClose,
+    /// ECONNRESET (or EPIPE after one), a half answer, or no end within the bound.
+    Broken(String),
+}
+
+/// One connect-and-ask: None when connect() itself failed (the kernel never completed the
+/// connection, which a closed listener may do).
+fn ask_once(port: u16) -> Option<Ended> {
+    use std::io::Read;
+    let mut s = connect_with(port, secs(5)).ok()?;
+    if let Err(e) = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") {
+        return Some(Ended::Broken(format!("write: {e}")));
+    }
+    let mut got = Vec::new();
+    Some(match s.read_to_end(&mut got) {
+        Ok(_) if got.is_empty() => Ended::CleanClose,
+        Ok(_) if got.starts_with(b"HTTP/1.1 200") => Ended::Answered,
+        Ok(_) => Ended::Broken(format!("answer: {:?}", String::from_utf8_lossy(&got))),
+        Err(e) => Ended::Broken(format!("read after {} bytes: {e}", got.len())),
+    })
+}
+
+/// Clients connect in a tight loop while SIGTERM arrives: every connection whose connect()
+/// succeeded gets its answer or a clean close, never a reset (closing a listener resets the
+/// connections in its accept queue; about one in 128 of such a loop was).
+#[test]
+fn a_drain_resets_no_completed_connection() {
+    let _serial = serial();
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        // Three drains per driver: each catches a few connections in the accept queue.
+        for round in 0..3 {
+            let mut gw = gateway(legacy, &[w.url()], &["--shutdown-grace-period-secs", "5"]);
+            gw.ready();
+            let port = gw.port;
+            let asked = std::sync::atomic::AtomicUsize::new(0);
+            let (ends, status) = std::thread::scope(|scope| {
+                let clients: Vec<_> = (0..16)
+                    .map(|_| {
+                        let asked = &asked;
+                        scope.spawn(move || {
+                            let mut ends = Vec::new();
+                            let until = std::time::Instant::now() + secs(20);
+                            // Until connect() fails (the gateway is gone), bounded by count and time.
+                            for _ in 0..5000 {
+                                let Some(e) = ask_once(port) else { break };
+                                asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                ends.push(e);
+                                if std::time::Instant::now() > until {
+                                    break;
+                                }
+                            }
+                            ends
+                        })
+                    })
+                    .collect();
+                // The signal lands while the loop is in full swing.
+                assert!(wait_until(secs(10), || asked.load(std::sync::atomic::Ordering::Relaxed) >= 500));
+                gw.signal(libc::SIGTERM);
+                // (std keeps the status once reaped: the second try_wait returns it again.)
+                wait_until(secs(10), || gw.child.try_wait().is_ok_and(|s| s.is_some()));
+                let status = gw.child.try_wait().unwrap();
+                let ends: Vec<Ended> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+                (ends, status)
+            });
+            assert!(status.is_some_and(|s| s.success()), "round {round}: exit {status:?}");
+            let broken: Vec<_> = ends.iter().filter(|e| matches!(e, Ended::Broken(_))).collect();
+            let answered = ends.iter().filter(|e| **e == Ended::Answered).count();
+            assert!(
+                broken.is_empty(),
+                "round {round}: {} of {} completed connections broken ({answered} answered); first: {:?}",
+                broken.len(),
+                ends.len(),
+                &broken[..broken.len().min(3)]
+            );
+        }
     });
 }

@@ -2,6 +2,9 @@
 //! two shards: preemption before the first byte, reserved floors, starvation promotion, the
 //! queue's 429 and 503, and bad configuration files.
 
+// clippy.toml's house rules are the gateway's: a test's threads are not shards and may block.
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::TcpStream;
@@ -140,7 +143,10 @@ fn reserved_floors_hold() {
 fn a_starving_bulk_request_is_promoted() {
     let _g = serial();
     let mut yaml = String::from("classes:\n");
+    // Interactive's floor is every slot (reservations that do not fit would be scaled).
+    yaml += &class_line("system", 0, 64, 30, 5, true);
     yaml += &class_line("interactive", 4, 64, 30, 5, true);
+    yaml += &class_line("default", 0, 64, 30, 30, false);
     yaml += &class_line("bulk", 0, 64, 30, 1, false);
     let cfg = file("starve", &yaml);
     both_drivers(|legacy| {
@@ -164,7 +170,9 @@ fn a_starving_bulk_request_is_promoted() {
 fn queue_full_and_queue_timeout() {
     let _g = serial();
     let mut yaml = String::from("classes:\n");
+    yaml += &class_line("system", 0, 64, 30, 5, true);
     yaml += &class_line("interactive", 4, 64, 30, 5, true);
+    yaml += &class_line("default", 0, 64, 30, 30, false);
     yaml += &class_line("bulk", 0, 2, 1, 100, false);
     let cfg = file("queue", &yaml);
     both_drivers(|legacy| {
@@ -259,4 +267,42 @@ fn classes_are_counted_in_metrics_and_the_access_log() {
         assert!(wait_until(patience(Duration::from_secs(5)), || scrape().contains(line)), "{line}:\n{}", scrape());
     }
     assert!(gw.log_has("priority=interactive") && gw.log_has("priority=default"), "{}", gw.log_text());
+}
+
+/// SMG's class defaults reserve at least 160 slots; one worker that reports no capacity
+/// counts for 64. Idle, a `default` and a `bulk` request are answered at once (they used to
+/// wait 30 s and 120 s for starvation promotion); under a bulk flood the scaled
+/// reservations still keep slots for interactive traffic, without preempting anyone.
+#[test]
+fn class_defaults_on_a_small_fleet_serve_idle_and_protect_under_contention() {
+    let _g = serial();
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let url = w.url();
+        let args = ["--worker-urls", &url, "--cores", "2", "--priority-scheduler-enabled"];
+        let gw = start_env(legacy, &args, &[]);
+        gw.ready_workers(1);
+        assert!(gw.log_has("capacity 64 slots, reserved [0, 2, 19, 9]"), "{}", gw.log_text());
+        // Idle: answered at once. Wrong would be the class's starvation threshold (30 s,
+        // 120 s); the bound sits halfway to the shorter one.
+        for class in ["default", "bulk"] {
+            let mut s = send(gw.port, class, ECHO);
+            s.set_read_timeout(Some(patience(Duration::from_secs(15)))).unwrap();
+            let r = read_response(&mut s, &mut Vec::new(), false);
+            assert_eq!(r.map(|r| r.status).ok(), Some(200), "{class} on an idle gateway");
+        }
+        // Contention: bulk takes what is not reserved (64 - 30) and queues the rest.
+        let _bulks: Vec<TcpStream> = (0..40).map(|_| send(gw.port, "bulk", HANG)).collect();
+        assert!(
+            wait_until(patience(Duration::from_secs(10)), || hangs(&w) == 34),
+            "34 bulk requests admitted, got {}",
+            hangs(&w)
+        );
+        let mut inter: Vec<TcpStream> = (0..2).map(|_| send(gw.port, "interactive", ECHO)).collect();
+        for i in &mut inter {
+            assert_eq!(answer(i).status, 200);
+        }
+        assert_eq!(hangs(&w), 34, "bulk stayed out of the reserved slots");
+        assert!(!gw.log_text().contains("preempting"), "served from the reservation, not by preemption");
+    });
 }

@@ -2,7 +2,10 @@
 //! relayed verbatim to a simulated realtime worker (text, binary, a 1 MB message, ping,
 //! close codes, sessions kept apart), the refusals before an upgrade, the message-size
 //! limit's close 1009, admission and metrics for a session's life, and the REST routes
-//! forwarded byte for byte to realtime-labeled workers only.
+//! forwarded byte for byte to realtime-labeled workers only; the idle deadline, and what
+//! a session costs in descriptors (two, counted against --max-connections).
+// A test's threads are not shards: they sleep, and time what the gateway does.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -27,12 +30,17 @@ struct World {
 }
 
 fn world(legacy: bool, extra: &[&str]) -> World {
+    world_with(legacy, extra, None)
+}
+
+/// [`world`] with the gateway's descriptor limit set to `nofile`.
+fn world_with(legacy: bool, extra: &[&str], nofile: Option<u64>) -> World {
     let plain = Sim::start(PLAIN, &[]);
     let rt = Sim::start(RT, &[]);
     let url = plain.url();
     let mut args = vec!["--worker-urls", url.as_str(), "--cores", "2"];
     args.extend_from_slice(extra);
-    let gw = Gateway::start(legacy, &args);
+    let gw = Gateway::start_with(legacy, &args, nofile);
     let body = format!(r#"{{"url":"{}","labels":{{"realtime":"true"}}}}"#, rt.url());
     let r = post(gw.port, "/workers", &body, &[]);
     assert_eq!(r.status, 202, "{}", r.text());
@@ -296,5 +304,183 @@ fn a_draining_gateway_closes_sessions_with_1001() {
         assert_eq!(f.close_code(), Some(1001), "going away");
         assert!(ws.closed());
         assert!(started.elapsed() < Duration::from_secs(10), "not held to the grace period");
+    });
+}
+
+/// Reads the close frame the gateway sends a silent session, bounded by `within`; returns
+/// the frame (None if the connection ended or the bound passed first) and when it came.
+fn idle_close(ws: &mut support::ws::Ws, within: Duration) -> (Option<support::ws::Frame>, Duration) {
+    ws.s.set_read_timeout(Some(within)).unwrap();
+    let started = std::time::Instant::now();
+    let f = ws.recv_frame();
+    (f, started.elapsed())
+}
+
+#[test]
+fn an_idle_session_is_closed_after_the_deadline() {
+    both_drivers(|legacy| {
+        let w = world(legacy, &["--websocket-idle-timeout-secs", "1"]);
+        let mut ws = open(w.gw.port, RT);
+        session_id(&mut ws);
+        // Right: a close about 1 s after the last byte; wrong: none at all (a session held
+        // forever). 5 s sits between them with room for a slow host.
+        let (f, took) = idle_close(&mut ws, patience(Duration::from_secs(5)));
+        let f = f.expect("a close frame before the bound");
+        assert_eq!(f.close_code(), Some(1001), "going away: {f:?}");
+        assert_eq!(&f.payload[2..], b"idle timeout");
+        // Not early either: halfway between 0 and the deadline.
+        assert!(took >= Duration::from_millis(500), "closed after {took:?}");
+        assert!(ws.closed());
+        // A session that keeps talking is not idle: round trips for 1.5 s outlive the 1 s
+        // deadline, each echoed (a close would come instead of an echo).
+        let mut ws = open(w.gw.port, RT);
+        session_id(&mut ws);
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(1500) {
+            ws.send(OP_TEXT, b"still here");
+            assert_eq!(ws.recv().text(), "still here");
+        }
+    });
+}
+
+#[test]
+fn a_bad_idle_deadline_is_a_start_error() {
+    for bad in ["0", "31536001"] {
+        let (mut cmd, _) = launch_command(false, &["--websocket-idle-timeout-secs", bad]);
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{bad} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--websocket-idle-timeout-secs: must be between 1 and 31536000"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn an_idle_close_frees_the_permit_and_the_load() {
+    both_drivers(|legacy| {
+        let mport = free_port().to_string();
+        let w = world(
+            legacy,
+            &[
+                "--max-concurrent-requests",
+                "1",
+                "--queue-size",
+                "0",
+                "--websocket-idle-timeout-secs",
+                "1",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &mport,
+            ],
+        );
+        let mport: u16 = mport.parse().unwrap();
+        let load = |n: usize| format!("smg_worker_requests_active{{worker=\"{}\"}} {n}", w.rt.url());
+        let mut ws = open(w.gw.port, RT);
+        session_id(&mut ws);
+        assert!(get(mport, "/metrics").text().contains(&load(1)));
+        let ask = || {
+            post(w.gw.port, "/v1/realtime/sessions", &format!(r#"{{"model":"{RT}"}}"#), &["Authorization: Bearer t"])
+        };
+        assert_eq!(ask().status, 429, "the one permit is the session's");
+        let (f, _) = idle_close(&mut ws, patience(Duration::from_secs(5)));
+        assert_eq!(f.and_then(|f| f.close_code()), Some(1001));
+        assert!(ws.closed());
+        assert!(wait_until(patience(Duration::from_secs(5)), || ask().status == 200), "the permit came back");
+        assert!(get(mport, "/metrics").text().contains(&load(0)), "and the worker load");
+        // And the session's slot: a new session opens.
+        let mut again = open(w.gw.port, RT);
+        session_id(&mut again);
+    });
+}
+
+#[test]
+fn a_session_costs_two_descriptors() {
+    both_drivers(|legacy| {
+        let w = world(legacy, &[]);
+        // One session first, so whatever a first session opens once is in the base.
+        let mut warm = open(w.gw.port, RT);
+        session_id(&mut warm);
+        drop(warm);
+        let base = w.gw.fd_count();
+        let n = 100;
+        let sessions: Vec<_> = (0..n)
+            .map(|_| {
+                let mut ws = open(w.gw.port, RT);
+                session_id(&mut ws);
+                ws
+            })
+            .collect();
+        let delta = w.gw.fd_count().saturating_sub(base);
+        // Right: 2 per session (client and worker sockets); wrong: 4 (a dup per read half).
+        // (The warm session may still be closing when the base is read: a little under 2n.)
+        assert!((3 * n / 2..3 * n).contains(&delta), "{delta} descriptors for {n} sessions");
+        drop(sessions);
+        assert!(
+            wait_until(patience(Duration::from_secs(10)), || w.gw.fd_count() <= base),
+            "descriptors back to {base}: {}",
+            w.gw.fd_count()
+        );
+    });
+}
+
+#[test]
+fn five_thousand_sessions_under_1024_descriptors() {
+    both_drivers(|legacy| {
+        let w = world_with(legacy, &[], Some(1024));
+        let chat = || {
+            post(
+                w.gw.port,
+                "/v1/chat/completions",
+                &format!(r#"{{"model":"{PLAIN}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":4}}"#),
+                &[],
+            )
+        };
+        assert_eq!(chat().status, 200);
+        let base = w.gw.fd_count();
+        let request = upgrade_request(&format!("/v1/realtime?model={RT}"), &["Authorization: Bearer t"]);
+        // Four clients, 1,250 attempts each: a session either opens (and is kept) or is
+        // refused with the cap's 503; nothing else.
+        let (open_ones, refused) = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let (mut kept, mut refused) = (Vec::new(), 0usize);
+                        for _ in 0..1250 {
+                            match open_raw(w.gw.port, &request) {
+                                Ok(ws) => kept.push(ws),
+                                Err(r) => {
+                                    assert_eq!(
+                                        (r.status, r.header("x-smg-error-code")),
+                                        (503, Some("connection_limit")),
+                                        "{}",
+                                        r.text()
+                                    );
+                                    refused += 1;
+                                }
+                            }
+                        }
+                        (kept, refused)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).fold((Vec::new(), 0), |(mut k, r), (k2, r2)| {
+                k.extend(k2);
+                (k, r + r2)
+            })
+        });
+        eprintln!("{} sessions open, {refused} refused", open_ones.len());
+        assert_eq!(open_ones.len() + refused, 5000);
+        assert!(refused > 0, "the cap refused some of {} sessions", open_ones.len());
+        // With the sessions still open, the gateway answers the rest.
+        assert_eq!(get(w.gw.port, "/health").status, 200);
+        assert_eq!(chat().status, 200);
+        let log = w.gw.log_text();
+        assert!(!log.contains("Too many open files") && !log.contains("descriptors"), "{log}");
+        drop(open_ones);
+        assert!(
+            wait_until(patience(Duration::from_secs(10)), || w.gw.fd_count() <= base),
+            "descriptors back to {base}: {}",
+            w.gw.fd_count()
+        );
     });
 }

@@ -97,8 +97,9 @@ fn a_worker_added_under_load_takes_traffic() {
 #[test]
 fn delete_drains_every_open_stream_then_removes_and_closes() {
     both_drivers(|legacy| {
-        let a = Sim::start("m", &["--itl-ms", "20"]);
-        let b = Sim::start("m", &["--itl-ms", "20"]);
+        // Streams of 50 tokens at 60 ms: three seconds, long enough to all be open at once.
+        let a = Sim::start("m", &["--itl-ms", "60"]);
+        let b = Sim::start("m", &["--itl-ms", "60"]);
         let gw = Gateway::start(
             legacy,
             &[
@@ -115,11 +116,19 @@ fn delete_drains_every_open_stream_then_removes_and_closes() {
         );
         gw.ready_workers(2);
         let port = gw.port;
-        // 64 streams of about a second each, half of them on b.
+        // 64 streams, half of them on b.
         let streams: Vec<_> = (0..64)
             .map(|_| std::thread::spawn(move || post(port, "/v1/chat/completions", &chat(true, 50), &[])))
             .collect();
-        assert!(wait_until(patience(Duration::from_secs(5)), || b.stats()["running"].as_u64() >= Some(16)));
+        // Every stream has reached its worker before the delete: one still on its way to b was
+        // picked before the drain and would count as "a new request" below.
+        assert!(
+            wait_until(patience(Duration::from_secs(5)), || a.served() + b.served() == 64),
+            "{} + {} of 64 streams arrived",
+            a.served(),
+            b.served()
+        );
+        assert!(b.stats()["running"].as_u64() >= Some(16), "{:?}", b.stats());
         let id = id_of(gw.port, &b.url());
         let r = call(gw.port, "DELETE", &format!("/workers/{id}"), "", &[]);
         assert_eq!(r.status, 202, "{}", r.text());

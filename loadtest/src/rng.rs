@@ -1,44 +1,32 @@
-//! A tiny per-thread xorshift generator: fault injection and Poisson arrivals need cheap randomness, not crypto.
+//! Cheap randomness for fault injection and Poisson arrivals (not crypto): fastrand's wyrand
+//! per thread, with the two draws the tools need on top.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 
-/// xorshift64* (Vigna); period 2^64-1, plenty for coin flips and exponential gaps.
 #[derive(Debug)]
 pub struct Rng {
-    state: Cell<u64>,
+    inner: RefCell<fastrand::Rng>,
 }
 
 // === impl Rng ===
 
 impl Rng {
-    /// Seeds from the clock and the thread's stack address so threads do not share a sequence.
+    /// Seeded from the OS, so threads do not share a sequence.
     pub fn from_entropy() -> Self {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0x9E37_79B9_7F4A_7C15);
-        let local = 0u8;
-        let addr = &local as *const u8 as u64;
-        Self::with_seed(t ^ addr.rotate_left(32))
+        Self { inner: RefCell::new(fastrand::Rng::new()) }
     }
 
     pub fn with_seed(seed: u64) -> Self {
-        // A zero state would stay zero forever.
-        Self { state: Cell::new(seed | 1) }
+        Self { inner: RefCell::new(fastrand::Rng::with_seed(seed)) }
     }
 
     pub fn next_u64(&self) -> u64 {
-        let mut x = self.state.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.state.set(x);
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.inner.borrow_mut().u64(..)
     }
 
     /// Uniform in [0, 1).
     pub fn next_f64(&self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        self.inner.borrow_mut().f64()
     }
 
     /// True with probability `p` (p <= 0 never, p >= 1 always).

@@ -1,10 +1,12 @@
-//! Runtime plumbing shared by both tools: one monoio runtime per thread, core pinning, SO_REUSEPORT listeners, list parsing.
+//! Runtime plumbing shared by both tools: one monoio runtime per thread, core pinning, SO_REUSEPORT listeners, buffered
+//! writes, list parsing.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-use monoio::net::{ListenerOpts, TcpListener};
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::{ListenerOpts, TcpListener, TcpStream};
 
 /// Builds this thread's runtime (io_uring when the kernel allows, else epoll) and runs `fut` to completion.
 ///
@@ -32,6 +34,19 @@ pub fn driver_name() -> &'static str {
 /// Pins the calling thread to `core`; returns false when the core does not exist or pinning is refused.
 pub fn pin_to(core: usize) -> bool {
     core_affinity::set_for_current(core_affinity::CoreId { id: core })
+}
+
+/// Writes and clears `out`, keeping its allocation (the simulator's connections reuse one
+/// output buffer for every response).
+pub async fn write_out(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let buf = std::mem::take(out);
+    let (res, mut buf) = stream.write_all(buf).await;
+    buf.clear();
+    *out = buf;
+    res.map(|_| ())
 }
 
 /// A listener that shares its port with other threads (SO_REUSEPORT) so the kernel spreads connections.

@@ -8,9 +8,18 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 
-/// Largest message accepted either way: a tokenizer bundle chunk, a long prompt of token ids
-/// or a long completion fits (gRPC's usual default is 4 MiB).
+/// Largest message accepted either way unless a call says otherwise: a tokenizer bundle
+/// chunk, a long prompt of token ids or a long completion fits (gRPC's usual default is
+/// 4 MiB).
 pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// How a message over the limit is reported (the start of its status message).
+const TOO_LARGE: &str = "gRPC message too large";
+
+/// The status says a message was over the receiver's limit (see [`Deframer`]).
+pub fn too_large(s: &Status) -> bool {
+    s.code == Code::RESOURCE_EXHAUSTED && s.message.starts_with(TOO_LARGE)
+}
 
 /// A gRPC status code (numbers and names from the gRPC spec).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,13 +105,26 @@ pub fn frame<M: Message>(msg: &M) -> Bytes {
     b.freeze()
 }
 
-/// Reassembles messages from DATA frames as they arrive.
-#[derive(Default)]
+/// Reassembles messages from DATA frames as they arrive. A message whose declared length is
+/// over the limit is an error as soon as its 5-byte prefix is here: its bytes are never
+/// gathered (what a caller pushed of them is dropped with the deframer).
 pub struct Deframer {
     buf: BytesMut,
+    limit: usize,
+}
+
+impl Default for Deframer {
+    fn default() -> Self {
+        Deframer { buf: BytesMut::new(), limit: MAX_MESSAGE }
+    }
 }
 
 impl Deframer {
+    /// Messages longer than `limit` bytes are refused from now on.
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
     pub fn push(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
     }
@@ -119,8 +141,10 @@ impl Deframer {
             return Some(Err(Status::new(Code::INTERNAL, "compressed gRPC messages are not supported")));
         }
         let len = self.declared();
-        if len > MAX_MESSAGE {
-            return Some(Err(Status::new(Code::RESOURCE_EXHAUSTED, "gRPC message over 64 MiB")));
+        if len > self.limit {
+            // RESOURCE_EXHAUSTED, as gRPC's own receivers report it.
+            let why = format!("{TOO_LARGE}: {len} bytes declared, the limit is {}", self.limit);
+            return Some(Err(Status::new(Code::RESOURCE_EXHAUSTED, why)));
         }
         if self.buf.len() < 5 + len {
             return None;
@@ -138,7 +162,7 @@ impl Deframer {
     /// A whole message (or a malformed prefix `next_message` will report) is buffered.
     pub fn has_message(&self) -> bool {
         self.buf.len() >= 5
-            && (self.buf[0] != 0 || self.declared() > MAX_MESSAGE || self.buf.len() >= 5 + self.declared())
+            && (self.buf[0] != 0 || self.declared() > self.limit || self.buf.len() >= 5 + self.declared())
     }
 
     fn declared(&self) -> usize {
@@ -200,7 +224,15 @@ mod tests {
         let mut big = Deframer::default();
         big.push(&[0, 0xFF, 0xFF, 0xFF, 0xFF]);
         assert!(big.has_message());
-        assert_eq!(big.next_message::<AbortRequest>().unwrap().unwrap_err().code, Code::RESOURCE_EXHAUSTED);
+        assert!(too_large(&big.next_message::<AbortRequest>().unwrap().unwrap_err()));
+        let mut small = Deframer::default();
+        small.set_limit(11);
+        small.push(&f);
+        assert_eq!(small.next_message::<AbortRequest>().unwrap().unwrap(), m);
+        // Refused from the prefix and one byte of the message.
+        small.push(&frame(&AbortRequest { request_id: "r-22".into(), reason: "gone".into() })[..6]);
+        let s = small.next_message::<AbortRequest>().unwrap().unwrap_err();
+        assert!(too_large(&s) && s.message.contains("12 bytes declared, the limit is 11"), "{s}");
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! Modules follow the protobuf packages because prost's generated code refers across packages
 //! by relative paths (`super::super::...::smg::grpc::common`).
 
+// Unsafe code only where a comment proves it sound: each place has #[allow(unsafe_code)] and a SAFETY line.
+#![deny(unsafe_code)]
+
 pub mod smg {
     pub mod grpc {
         pub mod common {

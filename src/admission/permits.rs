@@ -40,8 +40,6 @@ pub enum PermitMsg {
     Grant,
     /// The peer has no free permit for this no-queue request.
     Deny { ticket: u64 },
-    /// Priority-scheduler traffic (the scheduler replaces these permits when on).
-    Sched(crate::admission::priority::msg::SchedMsg),
 }
 
 /// Where a queued request stands.
@@ -115,7 +113,7 @@ impl Permits {
             next_ticket: 0,
             refill_per_sec: cfg.refill_per_sec / shards as f64,
             minted: 0.0,
-            last_refill: Instant::now(),
+            last_refill: crate::clock::now(),
         }
     }
 
@@ -195,7 +193,6 @@ impl Permits {
                 }
                 self.prune();
             }
-            PermitMsg::Sched(_) => {}
         }
     }
 
@@ -249,7 +246,7 @@ impl Permits {
         if self.refill_per_sec <= 0.0 {
             return;
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         self.minted += now.duration_since(self.last_refill).as_secs_f64() * self.refill_per_sec;
         self.last_refill = now;
         while self.minted >= 1.0 {

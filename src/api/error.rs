@@ -153,6 +153,15 @@ impl ApiError {
         Self::new(501, "not_implemented", format!("{path} is not implemented by this gateway yet"))
     }
 
+    /// The request came back to this gateway (`http/hop.rs`).
+    pub fn loop_detected() -> Self {
+        Self::new(
+            508,
+            "loop_detected",
+            "The request came back to this gateway: a worker URL leads to the gateway itself",
+        )
+    }
+
     pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(500, code, message)
     }

@@ -49,8 +49,11 @@ pub fn calls_model(content_type: Option<&[u8]>, body: &[u8], query_model: Option
     let model = match parts.session {
         None => None,
         Some(r) => {
-            let v = sonic_rs::get(&body[r], &["model"]);
-            match v {
+            let part = &body[r];
+            if let Err(e) = crate::bounded_json::check(part) {
+                return Err(bad("invalid_session_json", format!("Invalid JSON in 'session' field: {e}")));
+            }
+            match sonic_rs::get(part, &["model"]) {
                 Ok(v) => v.as_str().map(|m| m.trim().to_owned()),
                 Err(e) if e.is_not_found() => None,
                 Err(e) => return Err(bad("invalid_session_json", format!("Invalid JSON in 'session' field: {e}"))),

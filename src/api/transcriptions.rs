@@ -4,7 +4,9 @@
 //! `temperature` outside 0.0–1.0, a `stream` other than `true`/`false`/`1`/`0`, or a malformed
 //! form is refused with a plain-text message; every other field is ignored. The `file`
 //! part is counted, never kept; `model`, `temperature` and `stream` are collected up to
-//! [`MAX_FIELD`] bytes each. The form is forwarded as received.
+//! [`MAX_FIELD`] bytes each. The form is forwarded as received: whole after the check when
+//! it was buffered, piece by piece behind the check when it streams
+//! (`serve::stream_form`).
 
 use std::ops::Range;
 
@@ -33,8 +35,17 @@ enum Field {
     Other,
 }
 
+/// What the form said so far, from its events.
 #[derive(Default)]
 struct Collected {
+    /// The part being read.
+    field: Option<Field>,
+    /// The current small field's bytes.
+    value: Vec<u8>,
+    /// Bytes of the current `file` part.
+    file_len: u64,
+    /// A `file` part has started.
+    file_started: bool,
     /// Length of the last `file` part, if one came.
     file: Option<u64>,
     model: Option<(Vec<u8>, Range<usize>)>,
@@ -42,75 +53,134 @@ struct Collected {
     stream: Option<Vec<u8>>,
 }
 
-/// Checks a transcription form whose Content-Type header is `content_type`; Err is the
-/// plain-text message of the `400`.
-pub fn validate(content_type: Option<&[u8]>, body: &[u8]) -> Result<Transcription, String> {
-    let malformed = |why: &str| format!("Malformed multipart form: {why}");
-    let Some(boundary) = content_type.and_then(form_boundary) else {
-        return Err(malformed("Content-Type must be multipart/form-data with a boundary"));
-    };
-    let mut reader = FormReader::new(boundary);
-    let mut got = Collected::default();
-    let mut field = Field::Other;
-    let mut value: Vec<u8> = Vec::new();
-    let mut file_len = 0u64;
-    let mut sink = |e: Event<'_>| -> Result<(), FormError> {
+impl Collected {
+    fn on(&mut self, e: Event<'_>) -> Result<(), FormError> {
         match e {
             Event::Part { name, .. } => {
-                field = match name.unwrap_or(b"") {
+                let field = match name.unwrap_or(b"") {
                     b"file" => Field::File,
                     b"model" => Field::Model,
                     b"temperature" => Field::Temperature,
                     b"stream" => Field::Stream,
                     _ => Field::Other,
                 };
-                value.clear();
-                file_len = 0;
+                self.file_started |= field == Field::File;
+                self.field = Some(field);
+                self.value.clear();
+                self.file_len = 0;
             }
-            Event::Data(d) => match field {
-                Field::File => file_len += d.len() as u64,
-                Field::Other => {}
-                _ if value.len() + d.len() > MAX_FIELD => return Err(FormError("a form field is too large")),
-                _ => value.extend_from_slice(d),
+            Event::Data(d) => match self.field {
+                Some(Field::File) => self.file_len += d.len() as u64,
+                Some(Field::Other) | None => {}
+                _ if self.value.len() + d.len() > MAX_FIELD => return Err(FormError("a form field is too large")),
+                _ => self.value.extend_from_slice(d),
             },
-            Event::End { start, end } => match field {
-                Field::File => got.file = Some(file_len),
-                Field::Model => got.model = Some((std::mem::take(&mut value), start..end)),
-                Field::Temperature => got.temperature = Some(std::mem::take(&mut value)),
-                Field::Stream => got.stream = Some(std::mem::take(&mut value)),
-                Field::Other => {}
-            },
+            Event::End { start, end } => {
+                let value = std::mem::take(&mut self.value);
+                match self.field.take() {
+                    Some(Field::File) => self.file = Some(self.file_len),
+                    Some(Field::Model) => self.model = Some((value, start..end)),
+                    Some(Field::Temperature) => self.temperature = Some(value),
+                    Some(Field::Stream) => self.stream = Some(value),
+                    Some(Field::Other) | None => {}
+                }
+            }
         }
         Ok(())
-    };
-    reader.feed(body, &mut sink).and_then(|()| reader.finish()).map_err(|e| malformed(e.0))?;
-    match got.file {
-        None => return Err("Missing required field: file".into()),
-        Some(0) => return Err("The file field is empty".into()),
-        Some(_) => {}
     }
-    let (model, model_at) = match got.model {
-        Some((m, at)) if !m.is_empty() => {
-            (String::from_utf8(m).map_err(|_| "The model field is not valid UTF-8".to_string())?, at)
+}
+
+/// A transcription form checked as its bytes pass: [`FormCheck::feed`] takes the body in
+/// pieces of any size (the whole of it at once for a buffered body, a pump's reads for a
+/// streamed one), [`FormCheck::finish`] applies the rules that need the whole form. Memory
+/// is the reader's bound plus [`MAX_FIELD`] per small field, whatever the file's size.
+pub struct FormCheck {
+    reader: FormReader,
+    got: Collected,
+}
+
+fn malformed(why: &str) -> String {
+    format!("Malformed multipart form: {why}")
+}
+
+impl FormCheck {
+    /// A check for a body whose Content-Type header is `content_type`; Err is the plain-text
+    /// message of the `400` (not a form, or no boundary).
+    pub fn new(content_type: Option<&[u8]>) -> Result<Self, String> {
+        let Some(boundary) = content_type.and_then(form_boundary) else {
+            return Err(malformed("Content-Type must be multipart/form-data with a boundary"));
+        };
+        Ok(Self { reader: FormReader::new(boundary), got: Collected::default() })
+    }
+
+    /// The next bytes of the body.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let got = &mut self.got;
+        self.reader.feed(bytes, &mut |e| got.on(e)).map_err(|e| malformed(e.0))
+    }
+
+    /// The `model` field, once its part has ended: its value (refused when empty or not
+    /// UTF-8) and where it is in the body.
+    pub fn model(&self) -> Option<Result<(&str, Range<usize>), String>> {
+        let (m, at) = self.got.model.as_ref()?;
+        Some(model_value(m).map(|m| (m, at.clone())))
+    }
+
+    /// A `file` part has started (what comes after it may be very far away).
+    pub fn file_started(&self) -> bool {
+        self.got.file_started
+    }
+
+    /// The form asks for a streamed answer, as far as it was read.
+    pub fn streaming(&self) -> bool {
+        matches!(self.got.stream.as_deref(), Some(b"true" | b"1"))
+    }
+
+    /// The body ended: the form's verdict.
+    pub fn finish(&self) -> Result<Transcription, String> {
+        self.reader.finish().map_err(|e| malformed(e.0))?;
+        let got = &self.got;
+        match got.file {
+            None => return Err("Missing required field: file".into()),
+            Some(0) => return Err("The file field is empty".into()),
+            Some(_) => {}
         }
-        _ => return Err("Missing required field: model".into()),
-    };
-    let temperature = match got.temperature {
-        None => None,
-        Some(t) => {
-            let t = std::str::from_utf8(&t).ok().and_then(|s| s.trim().parse::<f64>().ok());
-            match t {
-                Some(t) if (0.0..=1.0).contains(&t) => Some(t),
-                _ => return Err("temperature must be a number between 0.0 and 1.0".into()),
+        let (model, model_at) = match &got.model {
+            Some((m, at)) => (model_value(m)?.to_owned(), at.clone()),
+            None => return Err("Missing required field: model".into()),
+        };
+        let temperature = match &got.temperature {
+            None => None,
+            Some(t) => {
+                let t = std::str::from_utf8(t).ok().and_then(|s| s.trim().parse::<f64>().ok());
+                match t {
+                    Some(t) if (0.0..=1.0).contains(&t) => Some(t),
+                    _ => return Err("temperature must be a number between 0.0 and 1.0".into()),
+                }
             }
-        }
-    };
-    let stream = match got.stream.as_deref() {
-        None | Some(b"false" | b"0") => false,
-        Some(b"true" | b"1") => true,
-        Some(_) => return Err("stream must be one of true, false, 1 or 0".into()),
-    };
-    Ok(Transcription { model, model_at, stream, temperature })
+        };
+        let stream = match got.stream.as_deref() {
+            None | Some(b"false" | b"0") => false,
+            Some(b"true" | b"1") => true,
+            Some(_) => return Err("stream must be one of true, false, 1 or 0".into()),
+        };
+        Ok(Transcription { model, model_at, stream, temperature })
+    }
+}
+
+fn model_value(m: &[u8]) -> Result<&str, String> {
+    if m.is_empty() {
+        return Err("Missing required field: model".into());
+    }
+    std::str::from_utf8(m).map_err(|_| "The model field is not valid UTF-8".to_string())
+}
+
+/// Checks a whole transcription form whose Content-Type header is `content_type`; Err is
+/// the plain-text message of the `400`.
+pub fn validate(content_type: Option<&[u8]>, body: &[u8]) -> Result<Transcription, String> {
+    let mut check = FormCheck::new(content_type)?;
+    check.feed(body)?;
+    check.finish()
 }
 
 #[cfg(test)]
@@ -144,6 +214,23 @@ mod tests {
         for t in ["0", "1", "1.0", "0.0"] {
             assert!(validate(Some(CT), &form(&[("model", "m"), ("temperature", t), ("file", "x")])).is_ok(), "{t}");
         }
+    }
+
+    #[test]
+    fn fed_in_pieces_it_knows_the_model_before_the_end() {
+        let body = form(&[("model", "org/asr"), ("file", "RIFFxxxx"), ("stream", "1")]);
+        let file_at = body.windows(4).position(|w| w == b"RIFF").unwrap();
+        let mut check = FormCheck::new(Some(CT)).unwrap();
+        check.feed(&body[..file_at - 10]).unwrap();
+        let (m, at) = check.model().unwrap().unwrap();
+        assert_eq!((m, &body[at]), ("org/asr", &b"org/asr"[..]));
+        assert!(!check.file_started());
+        check.feed(&body[file_at - 10..file_at + 2]).unwrap();
+        assert!(check.file_started());
+        assert!(check.finish().is_err(), "the form is not complete");
+        check.feed(&body[file_at + 2..]).unwrap();
+        assert!(check.streaming());
+        assert_eq!(check.finish().unwrap(), validate(Some(CT), &body).unwrap());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! tokio runs here (off the data plane) for the Redis client.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::remote::Remote;
 use super::store::{Delta, Lease, LeaseAsk, LocalStore};
@@ -38,7 +38,7 @@ pub fn start(redis_url: Option<String>) -> flume::Sender<BudgetMsg> {
 
 async fn run(rx: flume::Receiver<BudgetMsg>, redis_url: Option<String>) {
     let mut store = Store::new(redis_url).await;
-    let mut swept = Instant::now();
+    let mut swept = crate::clock::now();
     while let Ok(m) = rx.recv_async().await {
         match m {
             BudgetMsg::Lease { asks, reply } => {
@@ -48,7 +48,7 @@ async fn run(rx: flume::Receiver<BudgetMsg>, redis_url: Option<String>) {
             BudgetMsg::Report(deltas) => store.apply(deltas).await,
         }
         if swept.elapsed() > Duration::from_secs(60) {
-            swept = Instant::now();
+            swept = crate::clock::now();
             store.sweep();
         }
     }
@@ -72,7 +72,7 @@ impl Store {
     async fn lease(&mut self, asks: &[LeaseAsk]) -> Lease {
         match &mut self.remote {
             Some(r) => r.lease(asks, &mut self.local).await,
-            None => self.local.lease(asks, Instant::now()),
+            None => self.local.lease(asks, crate::clock::now()),
         }
     }
 
@@ -81,13 +81,13 @@ impl Store {
             r.apply(deltas, &mut self.local).await;
             return;
         }
-        self.local.apply(&deltas, Instant::now());
+        self.local.apply(&deltas, crate::clock::now());
     }
 
     fn sweep(&mut self) {
         // A bucket the owner has not touched for a minute has refilled: forget it (the
         // limits come with every ask, so nothing else is needed to rebuild it).
         // Two minutes refill even a bucket a full capacity in debt.
-        self.local.sweep_idle(Instant::now(), Duration::from_secs(120));
+        self.local.sweep_idle(crate::clock::now(), Duration::from_secs(120));
     }
 }

@@ -48,7 +48,7 @@ impl Remote {
                 Err(e) => self.lost(&e),
             }
         }
-        let l = local.lease(asks, Instant::now());
+        let l = local.lease(asks, crate::clock::now());
         if l.answer == LeaseAnswer::Granted {
             for (a, (t, r)) in asks.iter().zip(&l.granted) {
                 self.spent(&a.key, a.limits, *t as i64, *r as i64);
@@ -65,7 +65,7 @@ impl Remote {
                 Err(e) => self.lost(&e),
             }
         }
-        local.apply(&deltas, Instant::now());
+        local.apply(&deltas, crate::clock::now());
         for d in &deltas {
             self.spent(&d.key, d.limits, d.tokens, d.requests);
         }
@@ -80,7 +80,7 @@ impl Remote {
     fn lost(&mut self, why: &str) {
         self.conn = None;
         if self.down_since.is_none() {
-            self.down_since = Some(Instant::now());
+            self.down_since = Some(crate::clock::now());
             crate::error!("tenant budgets: Redis at {} unreachable ({why}); serving from this replica's own budget until it is back", self.url);
         }
         if self.reconnected.is_none() {

@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn leases_all_or_nothing_and_says_how_long_to_wait() {
-        let t = Instant::now();
+        let t = crate::clock::now();
         let mut s = LocalStore::default();
         let l = s.lease(&[ask("a", 100, 500)], t);
         assert_eq!((l.answer, l.granted), (LeaseAnswer::Granted, vec![(500, 5)]));

@@ -137,7 +137,8 @@ pub struct LaunchArgs {
     /// Keep-alive client connections idle this long are closed.
     #[arg(long, default_value_t = 75)]
     pub client_idle_timeout_secs: u64,
-    /// A client must finish its request head within this many seconds of its first byte.
+    /// A client must finish its request head within this many seconds of its first byte, and
+    /// a body the gateway buffers within this many seconds of its head.
     #[arg(long, default_value_t = 30)]
     pub client_read_timeout_secs: u64,
     /// A streamed request body (see --max-buffered-request-bytes) whose next bytes take this
@@ -151,6 +152,11 @@ pub struct LaunchArgs {
     /// retries off it always streams. 0 never buffers for retries.
     #[arg(long, default_value_t = 1_048_576)]
     pub max_buffered_request_bytes: u64,
+    /// Largest gRPC message a worker's Generate call may send, in bytes (its declared
+    /// length); a larger one fails the call (502 upstream_response_too_large) before it is
+    /// buffered.
+    #[arg(long, default_value_t = 67_108_864)]
+    pub grpc_max_message_size: usize,
     /// A client that takes none of our bytes for this many seconds is disconnected, and its
     /// worker connection closed (the generation is cancelled).
     #[arg(long, default_value_t = 60)]
@@ -160,6 +166,10 @@ pub struct LaunchArgs {
     /// --request-timeout-secs, which also bounds the whole exchange.
     #[arg(long, default_value_t = 120)]
     pub upstream_read_timeout_secs: u64,
+    /// A WebSocket (Realtime) session in which neither side sent a byte for this many
+    /// seconds is closed (1001 to the client; nginx's proxy_read_timeout default, 60).
+    #[arg(long, default_value_t = 60)]
+    pub websocket_idle_timeout_secs: u64,
     /// Most open client connections (all shards together); past it new clients wait in the
     /// kernel's backlog. Default: half of what the descriptor limit leaves after a reserve
     /// for worker connections and probes.
@@ -302,8 +312,11 @@ pub struct Config {
     /// Streamed bodies' stall limit; None: none.
     pub stream_body_stall: Option<Duration>,
     pub max_buffered_request_bytes: u64,
+    /// `--grpc-max-message-size`.
+    pub grpc_max_message: usize,
     pub client_write_timeout: Duration,
     pub upstream_read_timeout: Duration,
+    pub websocket_idle_timeout: Duration,
     pub max_connections: usize,
     pub auth: AuthConfig,
     /// None: no admission limit.
@@ -330,10 +343,7 @@ pub struct MetricsConfig {
 }
 
 fn positive(flag: &str, v: u64) -> Result<Duration, String> {
-    if v == 0 {
-        return Err(format!("{flag}: must be at least 1"));
-    }
-    Ok(Duration::from_secs(v))
+    crate::duration::secs(flag, v, 1)
 }
 
 /// Validated, lowercased header names.
@@ -387,7 +397,7 @@ impl LaunchArgs {
             prefix_token_count: self.prefix_token_count,
             prefix_hash_load_factor: at_least_one("--prefix-hash-load-factor", self.prefix_hash_load_factor)?,
             prefix_hash_balance_abs_threshold: self.prefix_hash_balance_abs_threshold,
-            max_idle_secs: self.max_idle_secs,
+            max_idle_secs: crate::duration::secs("--max-idle-secs", self.max_idle_secs, 0)?.as_secs(),
             assignment_mode,
             routing_key_override: self.routing_key_override,
             routing_key_headers: headers,
@@ -487,21 +497,33 @@ impl LaunchArgs {
             max_payload_size: self.max_payload_size,
             request_timeout: positive("--request-timeout-secs", self.request_timeout_secs)?,
             pool_idle_timeout: positive("--upstream-pool-idle-timeout-secs", self.upstream_pool_idle_timeout_secs)?,
-            shutdown_grace: Duration::from_secs(self.shutdown_grace_period_secs),
+            shutdown_grace: crate::duration::secs("--shutdown-grace-period-secs", self.shutdown_grace_period_secs, 0)?,
             request_id_headers: header_names("--request-id-headers", &self.request_id_headers)?,
             log_level: self.log_level.parse()?,
             log_json: self.log_json,
             cores,
-            fleet: self.worker_args.fleet(positive("--load-monitor-interval", self.load_monitor_interval)?, cores)?,
+            fleet: {
+                let mut fleet =
+                    self.worker_args.fleet(positive("--load-monitor-interval", self.load_monitor_interval)?, cores)?;
+                let metrics = self.metrics_config()?.map(|m| m.listen);
+                fleet.own_listeners = std::iter::once(SocketAddr::new(ip, self.port)).chain(metrics).collect();
+                fleet
+            },
             retry: self.worker_args.retry()?,
             overload_shed: self.worker_args.worker_overload_shed,
             client_idle_timeout: positive("--client-idle-timeout-secs", self.client_idle_timeout_secs)?,
             client_read_timeout: positive("--client-read-timeout-secs", self.client_read_timeout_secs)?,
             stream_body_stall: (self.stream_body_stall_timeout_secs > 0)
-                .then(|| Duration::from_secs(self.stream_body_stall_timeout_secs)),
+                .then(|| positive("--stream-body-stall-timeout-secs", self.stream_body_stall_timeout_secs))
+                .transpose()?,
             max_buffered_request_bytes: self.max_buffered_request_bytes,
+            grpc_max_message: match self.grpc_max_message_size {
+                0 => return Err("--grpc-max-message-size: must be at least 1".into()),
+                n => n,
+            },
             client_write_timeout: positive("--client-write-timeout-secs", self.client_write_timeout_secs)?,
             upstream_read_timeout: positive("--upstream-read-timeout-secs", self.upstream_read_timeout_secs)?,
+            websocket_idle_timeout: positive("--websocket-idle-timeout-secs", self.websocket_idle_timeout_secs)?,
             max_connections,
             auth: AuthConfig::parse(
                 self.api_key.as_deref(),

@@ -109,10 +109,7 @@ fn at_least_one(flag: &str, v: u32) -> Result<u32, String> {
 }
 
 fn secs(flag: &str, v: u64) -> Result<Duration, String> {
-    if v == 0 {
-        return Err(format!("{flag}: must be at least 1"));
-    }
-    Ok(Duration::from_secs(v))
+    crate::duration::secs(flag, v, 1)
 }
 
 // === impl WorkerArgs ===
@@ -148,13 +145,14 @@ impl WorkerArgs {
             },
             health_checks: !self.disable_health_check,
             remove_unhealthy: self.remove_unhealthy_workers,
-            drain_settle: Duration::from_secs(self.drain_settle_secs),
+            drain_settle: crate::duration::secs("--drain-settle-secs", self.drain_settle_secs, 0)?,
             breaker,
             load_interval: (!self.disable_load_monitoring).then_some(load_interval),
             overload: (!self.disable_worker_overload_protection)
                 .then_some(OverloadThresholds { waiting: self.worker_overload_waiting_requests, token_usage: usage }),
             dp_aware: self.dp_aware,
             shards,
+            own_listeners: Vec::new(),
             tokenizer: crate::grpc::model::TokenizerSource {
                 path: self.tokenizer_path.clone().or_else(|| self.model_path.clone()),
             },
@@ -174,8 +172,9 @@ impl WorkerArgs {
         }
         Ok(Some(RetryPolicy {
             max_attempts: self.retry_max_retries,
-            initial: Duration::from_millis(self.retry_initial_backoff_ms),
-            max: Duration::from_millis(self.retry_max_backoff_ms.max(self.retry_initial_backoff_ms)),
+            initial: crate::duration::millis("--retry-initial-backoff-ms", self.retry_initial_backoff_ms)?,
+            max: crate::duration::millis("--retry-max-backoff-ms", self.retry_max_backoff_ms)?
+                .max(Duration::from_millis(self.retry_initial_backoff_ms)),
             multiplier: self.retry_backoff_multiplier,
             jitter: self.retry_jitter_factor,
         }))

@@ -10,8 +10,9 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
-/// Deepest container nesting accepted (the `serde_json` default recursion limit).
-pub const MAX_DEPTH: usize = 128;
+/// Deepest container nesting accepted (the `serde_json` default recursion limit), the bound
+/// every other reader of outside JSON keeps too (`bounded_json.rs`).
+pub use smg_wire::json::MAX_DEPTH;
 
 /// Objects with more members than this check duplicates through a hash set instead of pairwise.
 const PAIRWISE_DUP_LIMIT: u32 = 16;

@@ -17,7 +17,7 @@ use monoio::io::IntoPollIo;
 use prost::Message;
 
 use super::wire::{self, Code, Deframer, Status};
-use crate::workers::WorkerId;
+use crate::worker_id::WorkerId;
 
 const STREAM_WINDOW: u32 = 4 << 20;
 const CONNECTION_WINDOW: u32 = 64 << 20;
@@ -93,6 +93,9 @@ pub struct Call {
 pub struct Limits {
     pub deadline: Option<std::time::Instant>,
     pub idle: Option<std::time::Duration>,
+    /// The largest message the engine may send (`--grpc-max-message-size`); None: the
+    /// framing's own bound.
+    pub max_message: Option<usize>,
 }
 
 impl Call {
@@ -130,11 +133,14 @@ impl Call {
     /// Holds the call's messages to `limits` from now on.
     pub fn limit(&mut self, limits: Limits) {
         self.limits = limits;
+        if let Some(n) = limits.max_message {
+            self.frames.set_limit(n);
+        }
     }
 
     /// How long the next wait for data may last, if bounded.
     fn wait_limit(&self) -> Option<std::time::Duration> {
-        let to_deadline = self.limits.deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        let to_deadline = self.limits.deadline.map(|d| d.saturating_duration_since(crate::clock::now()));
         let idle = self.limits.idle.filter(|_| self.started);
         match (to_deadline, idle) {
             (Some(a), Some(b)) => Some(a.min(b)),

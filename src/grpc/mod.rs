@@ -7,8 +7,11 @@
 //! - `conn`: a shard's multiplexed h2 connection per worker, over monoio's poll-io bridge;
 //! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
 //! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages, with
-//!   `logprobs`' token log-probabilities.
+//!   `logprobs`' token log-probabilities;
+//! - `assemble`: a response's engine messages in, `reply`'s events or body out (no I/O),
+//!   with the per-choice `OutputParser` hook.
 
+pub(crate) mod assemble;
 pub mod bundle;
 pub mod conn;
 pub mod logprobs;

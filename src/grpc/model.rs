@@ -40,7 +40,7 @@ impl SamplingDefaults {
     /// From GetModelInfo's JSON (`default_sampling_params_json`, else
     /// `preferred_sampling_params`); unknown keys, nulls and wrong types are ignored.
     pub fn parse(json: &str) -> Self {
-        let Ok(v) = sonic_rs::from_str::<sonic_rs::Value>(json) else { return Self::default() };
+        let Ok(v) = crate::bounded_json::value(json.as_bytes()) else { return Self::default() };
         let f = |k: &str| v.get(k).and_then(|x| x.as_f64()).map(|x| x as f32);
         SamplingDefaults {
             temperature: f("temperature"),
@@ -62,5 +62,11 @@ mod tests {
             SamplingDefaults::parse(r#"{"temperature":0.7,"top_k":20,"min_p":null,"max_new_tokens":9,"top_p":"x"}"#);
         assert_eq!(d, SamplingDefaults { temperature: Some(0.7), top_k: Some(20), ..Default::default() });
         assert_eq!(SamplingDefaults::parse(""), SamplingDefaults::default());
+    }
+
+    #[test]
+    fn an_engines_deep_json_is_ignored_not_recursed() {
+        let deep = format!(r#"{{"temperature":0.7,"x":{}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(SamplingDefaults::parse(&deep), SamplingDefaults::default());
     }
 }

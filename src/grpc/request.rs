@@ -9,7 +9,6 @@ use smg_proto::scheduler::{sampling_params::Constraint, SamplingParams};
 use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 
 use super::model::GrpcModel;
-use crate::api::ApiError;
 use crate::tokenizer::{TemplateInput, ThinkingAsk};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,18 +41,38 @@ pub struct Prepared {
     pub suffix: Option<String>,
 }
 
-fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::new(400, code, message)
+/// Why a request cannot go to the engine as it is: its status, the contract's error code and
+/// the message; serve/ answers it in the API's error envelope. (Its own type, not the API's:
+/// this floor sits below the API.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Refusal { status, code, message: message.into() }
+    }
+
+    fn internal(code: &'static str, message: impl std::fmt::Display) -> Self {
+        Refusal::new(500, code, message.to_string())
+    }
+}
+
+fn bad(code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal::new(400, code, message)
 }
 
 /// Builds the engine requests' contents for `body` on a worker serving `model`.
-pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, ApiError> {
+pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, Refusal> {
     let tok = &model.tokenizer;
     let (prompts, reasoning) = match kind {
         Kind::Chat => {
             check_output_modalities(body)?;
             let (text, thinks) = render_chat(body, model)?;
-            (vec![tok.encode(&text, false).map_err(|e| ApiError::internal("tokenization_failed", e))?], thinks)
+            (vec![tok.encode(&text, false).map_err(|e| Refusal::internal("tokenization_failed", e))?], thinks)
         }
         Kind::Completions => (completion_prompts(body, model)?, false),
     };
@@ -110,7 +129,7 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
 }
 
 /// gRPC workers produce text only.
-fn check_output_modalities(body: &Value) -> Result<(), ApiError> {
+fn check_output_modalities(body: &Value) -> Result<(), Refusal> {
     if body.get("return_audio").and_then(|v| v.as_bool()) == Some(true) {
         return Err(bad("audio_output_not_supported", "gRPC workers produce text only: return_audio is not supported"));
     }
@@ -125,7 +144,7 @@ fn check_output_modalities(body: &Value) -> Result<(), ApiError> {
 
 /// Content parts the template can render are text; media go to engines that accept them
 /// (not yet sent over gRPC), and anything else cannot be rendered.
-fn check_content_parts(messages: &Value, model: &GrpcModel) -> Result<(), ApiError> {
+fn check_content_parts(messages: &Value, model: &GrpcModel) -> Result<(), Refusal> {
     let Some(list) = messages.as_array() else { return Ok(()) };
     for m in list.iter() {
         let Some(parts) = m.get("content").and_then(|c| c.as_array()) else { continue };
@@ -154,22 +173,14 @@ fn check_content_parts(messages: &Value, model: &GrpcModel) -> Result<(), ApiErr
 }
 
 /// The prompt text, and whether the model starts in reasoning mode.
-fn render_chat(body: &Value, model: &GrpcModel) -> Result<(String, bool), ApiError> {
+fn render_chat(body: &Value, model: &GrpcModel) -> Result<(String, bool), Refusal> {
     let messages = body.get("messages").ok_or_else(|| bad("400", "messages is required"))?;
     check_content_parts(messages, model)?;
     let template = model
         .tokenizer
         .chat_template()
-        .ok_or_else(|| ApiError::internal("chat_template_missing", "The model's tokenizer has no chat template"))?;
-    let kwargs = body.get("chat_template_kwargs").filter(|v| v.is_object());
-    // The effective effort: thinking.effort, else reasoning_effort (the contract already
-    // turned a number into its decimal string).
-    let thinking = body.get("thinking");
-    let effort = thinking
-        .and_then(|t| t.get("effort"))
-        .and_then(|e| e.as_str())
-        .or_else(|| body.get("reasoning_effort").and_then(|v| v.as_str()));
-    let ask = ThinkingAsk { kwargs, effort, kind: thinking.and_then(|t| t.get("type")).and_then(|t| t.as_str()) };
+        .ok_or_else(|| Refusal::internal("chat_template_missing", "The model's tokenizer has no chat template"))?;
+    let ask = ThinkingAsk::of_body(body);
     let decision = template.thinking().decide(&ask);
     let tools = body.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
     let continue_final = body.get("continue_final_message").and_then(|v| v.as_bool()).unwrap_or(false);
@@ -177,11 +188,11 @@ fn render_chat(body: &Value, model: &GrpcModel) -> Result<(String, bool), ApiErr
         messages: Some(messages),
         add_generation_prompt: !continue_final,
         tools,
-        reasoning_effort: effort,
+        reasoning_effort: ask.effort,
         tool_choice: body.get("tool_choice"),
         response_format: body.get("response_format"),
         thinking: decision,
-        chat_template_kwargs: kwargs,
+        chat_template_kwargs: ask.kwargs,
     };
     let thinks = template.thinking().thinks(decision);
     let text = template.render(&input).map_err(|e| bad("chat_template_error", e))?;
@@ -189,9 +200,9 @@ fn render_chat(body: &Value, model: &GrpcModel) -> Result<(String, bool), ApiErr
 }
 
 /// A string, an array of strings, an array of token ids, or an array of such arrays.
-fn completion_prompts(body: &Value, model: &GrpcModel) -> Result<Vec<Vec<u32>>, ApiError> {
+fn completion_prompts(body: &Value, model: &GrpcModel) -> Result<Vec<Vec<u32>>, Refusal> {
     let p = body.get("prompt").ok_or_else(|| bad("400", "prompt is required"))?;
-    let encode = |s: &str| model.tokenizer.encode(s, true).map_err(|e| ApiError::internal("tokenization_failed", e));
+    let encode = |s: &str| model.tokenizer.encode(s, true).map_err(|e| Refusal::internal("tokenization_failed", e));
     let ids = |v: &Value| -> Option<Vec<u32>> {
         v.as_array()?.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
     };
@@ -242,7 +253,7 @@ fn strings(v: Option<&Value>) -> Vec<String> {
     }
 }
 
-fn sampling(kind: Kind, body: &Value, model: &GrpcModel, stop: &[String], n: u32) -> Result<SamplingParams, ApiError> {
+fn sampling(kind: Kind, body: &Value, model: &GrpcModel, stop: &[String], n: u32) -> Result<SamplingParams, Refusal> {
     let d = &model.defaults;
     let f = |k: &str| body.get(k).and_then(|v| v.as_f64()).map(|x| x as f32);
     let b = |k: &str| body.get(k).and_then(|v| v.as_bool());
@@ -290,7 +301,7 @@ fn sampling(kind: Kind, body: &Value, model: &GrpcModel, stop: &[String], n: u32
 
 /// Structured output: `response_format` (json_schema, json_object), `regex`, `ebnf`, and on
 /// completions a `json_schema` string. The contract already refused combinations.
-fn constraint(kind: Kind, body: &Value) -> Result<Option<Constraint>, ApiError> {
+fn constraint(kind: Kind, body: &Value) -> Result<Option<Constraint>, Refusal> {
     let rf = body.get("response_format");
     let rf_type = rf.and_then(|r| r.get("type")).and_then(|t| t.as_str());
     let from_rf = match rf_type {

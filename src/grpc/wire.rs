@@ -4,7 +4,7 @@
 //! status types both ends share are `smg_proto::framing`.
 
 use http::{HeaderMap, Request};
-pub use smg_proto::framing::{frame, Code, Deframer, Status, MAX_MESSAGE};
+pub use smg_proto::framing::{frame, too_large, Code, Deframer, Status, MAX_MESSAGE};
 
 /// The HTTP status a client gets for an engine that did not start generation: the
 /// contract's mapping (invalid argument 400, resource exhausted 429, unavailable 503,

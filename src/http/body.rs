@@ -46,15 +46,18 @@ impl Body {
 pub struct BodyLimits {
     /// `--max-payload-size`.
     pub max: usize,
-    /// The longest a body may go without a byte arriving.
-    pub stall: Duration,
+    /// The whole body must have arrived this long after its reading starts
+    /// (`--client-read-timeout-secs`). A total, not a per-read, bound: a client trickling
+    /// one byte a second holds an admission permit or scheduler slot while it does, and a
+    /// per-read bound let four such clients hold four permits forever.
+    pub within: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BodyError {
     /// Larger than the limit (carried for the message).
     TooLarge(usize),
-    /// No byte arrived within the stall limit.
+    /// The body had not arrived within its time.
     Stalled,
     /// Broken chunked framing.
     Malformed(&'static str),
@@ -147,6 +150,7 @@ pub async fn read_body(
         Err(e) => return (Err(e), buf),
     };
     let mut continued = !head.expect_continue;
+    let deadline = crate::clock::now() + limits.within;
     loop {
         let want = match reader.step(&mut buf) {
             Ok(Step::Done { body, next }) => return (Ok((body, next)), buf),
@@ -160,7 +164,8 @@ pub async fn read_body(
                 return (Err(BodyError::Gone), buf);
             }
         }
-        let (res, b) = read_more_within(client, buf, want, limits.stall).await;
+        let left = deadline.saturating_duration_since(crate::clock::now());
+        let (res, b) = read_more_within(client, buf, want, left).await;
         buf = b;
         match res {
             Timed::Done(Ok(n)) if n > 0 => {}

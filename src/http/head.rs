@@ -96,6 +96,8 @@ pub struct RequestHead {
     pub forward: Vec<HeaderRange>,
     /// All headers, for lookups by name (request id, routing keys, auth).
     pub headers: Vec<HeaderRange>,
+    /// `x-smg-hop`: the gateways the request has been through (`hop.rs`).
+    pub hop: Option<Range<usize>>,
 }
 
 impl RequestHead {
@@ -140,9 +142,11 @@ fn split_target(buf: &[u8], raw: &str) -> Result<Target, ParseError> {
     let (origin, authority) = if raw.starts_with('/') || raw == "*" {
         (all, None)
     } else {
-        let scheme = if raw.len() > 7 && raw[..7].eq_ignore_ascii_case("http://") {
+        // Bytes, not `raw[..7]`: a target may hold UTF-8 whose character straddles the cut.
+        let b = raw.as_bytes();
+        let scheme = if b.len() > 7 && b[..7].eq_ignore_ascii_case(b"http://") {
             7
-        } else if raw.len() > 8 && raw[..8].eq_ignore_ascii_case("https://") {
+        } else if b.len() > 8 && b[..8].eq_ignore_ascii_case(b"https://") {
             8
         } else {
             return Err(bad);
@@ -225,6 +229,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
     let mut content_type_json = false;
     let mut hosts = 0u32;
     let mut forward = Vec::new();
+    let mut hop = None;
     let mut headers = Vec::with_capacity(req.headers.len());
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
@@ -260,6 +265,8 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
             let v = trim(value);
             let mime = v.split(|b| *b == b';').next().map(trim).unwrap_or(b"");
             content_type_json = mime.eq_ignore_ascii_case(b"application/json");
+        } else if name.eq_ignore_ascii_case(b"x-smg-hop") {
+            hop = Some(range.value.clone());
         } else if is_forwarded_header(name) {
             forward.push(range.clone());
         }
@@ -300,6 +307,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
         content_type_json,
         forward,
         headers,
+        hop,
     }))
 }
 
@@ -364,6 +372,15 @@ mod tests {
         assert_eq!(&b[h.absolute_authority.clone().unwrap()], b"gw.example:30000");
         assert!(parse("GET HTTP://a/ HTTP/1.1\r\nHost: a\r\n\r\n").unwrap().is_some());
         for bad in ["GET http:/// HTTP/1.1", "GET http://a HTTP/1.1", "GET ftp://a/ HTTP/1.1", "GET a/b HTTP/1.1"] {
+            assert!(matches!(parse(&format!("{bad}\r\nHost: a\r\n\r\n")), Err(ParseError::Malformed(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_multibyte_character_across_the_scheme_cut_is_a_bad_target() {
+        // Found by fuzz/run (body target): `raw[..7]` cut inside the second character and
+        // panicked.
+        for bad in ["POST 333333\u{4cdf}/ HTTP/1.1", "POST 3333333\u{e9}/ HTTP/1.1", "GET https:/\u{e9}/a HTTP/1.1"] {
             assert!(matches!(parse(&format!("{bad}\r\nHost: a\r\n\r\n")), Err(ParseError::Malformed(_))), "{bad}");
         }
     }

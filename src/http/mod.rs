@@ -4,9 +4,11 @@
 
 /// Chunked coding lives in the shared `smg-wire` crate (the load tools use it too).
 pub use smg_wire::chunked;
+pub mod assembled;
 pub mod body;
 pub mod date;
 pub mod head;
+pub mod hop;
 pub mod multipart;
 pub mod pool;
 pub mod relay;

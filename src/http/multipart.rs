@@ -10,9 +10,9 @@
 //! a part's header block is held up to [`MAX_PART_HEADERS`]. Collecting small fields is the
 //! caller's business, with its own bound (see `api::transcriptions`).
 //!
-//! The gateway reads a request body whole before it forwards it (one `writev`, and retries
-//! replay the same bytes), so the transcription phase feeds the received body to this reader
-//! in one call; the reader itself does not care, and its tests feed it at every split.
+//! A buffered transcription body is fed to this reader in one call; a large one streamed to
+//! the worker is fed read by read as it passes (`serve::stream_form`). The reader does not
+//! care, and its tests feed it at every split.
 
 use memchr::memmem;
 

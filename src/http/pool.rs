@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use monoio::net::TcpStream;
 
 use crate::io;
-use crate::workers::WorkerId;
+use crate::worker_id::WorkerId;
 
 /// Read buffer size of an upstream connection.
 pub const UPSTREAM_BUF: usize = 16 * 1024;
@@ -34,7 +34,7 @@ pub struct UpstreamConn {
 
 pub async fn connect(addr: std::net::SocketAddr) -> std::io::Result<UpstreamConn> {
     let stream = io::connect(addr).await?;
-    Ok(UpstreamConn { stream, buf: Vec::with_capacity(UPSTREAM_BUF), idle_since: Instant::now(), reused: false })
+    Ok(UpstreamConn { stream, buf: Vec::with_capacity(UPSTREAM_BUF), idle_since: crate::clock::now(), reused: false })
 }
 
 /// Idle connections of one shard, per worker id.
@@ -54,7 +54,7 @@ impl Pool {
     pub fn take(&self, worker: WorkerId) -> Option<UpstreamConn> {
         let mut idle = self.idle.borrow_mut();
         let list = idle.get_mut(worker.index())?;
-        let now = Instant::now();
+        let now = crate::clock::now();
         while let Some(mut c) = list.pop() {
             if now.duration_since(c.idle_since) >= self.idle_timeout {
                 // The newest is too old, so every older one is too.
@@ -77,7 +77,7 @@ impl Pool {
         if conn.buf.capacity() > 4 * UPSTREAM_BUF {
             conn.buf.shrink_to(UPSTREAM_BUF);
         }
-        conn.idle_since = Instant::now();
+        conn.idle_since = crate::clock::now();
         let mut idle = self.idle.borrow_mut();
         let i = worker.index();
         if idle.len() <= i {
@@ -105,7 +105,7 @@ impl Pool {
 
     /// Closes connections idle past the timeout (oldest sit at the front).
     pub fn sweep(&self) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         for list in self.idle.borrow_mut().iter_mut() {
             let keep_from =
                 list.iter().position(|c| now.duration_since(c.idle_since) < self.idle_timeout).unwrap_or(list.len());

@@ -149,7 +149,7 @@ async fn read_watching(
 
 /// The silence allowed from now: the read deadline, or what is left of the exchange.
 fn idle_left(limits: &RelayLimits) -> Duration {
-    limits.read_idle.min(limits.deadline.saturating_duration_since(Instant::now())).saturating_sub(WATCH_AFTER)
+    limits.read_idle.min(limits.deadline.saturating_duration_since(crate::clock::now())).saturating_sub(WATCH_AFTER)
 }
 
 fn land(slot: &mut Vec<u8>, r: (std::io::Result<usize>, Vec<u8>)) -> Read {
@@ -282,7 +282,7 @@ pub async fn relay(
         return (RelayEnd::ClientGone, out);
     }
     if stats.timed {
-        stats.first_byte = Some(Instant::now());
+        stats.first_byte = Some(crate::clock::now());
     }
     let end = relay_rest(client, up, left, extra_bytes, watch, &limits, stats).await;
     let end = match end {
@@ -338,7 +338,7 @@ impl BodyLeft {
             BodyLeft::Dechunk(d) => d.feed(data, Some(out)).map(|used| Taken { used }).map_err(|e| e.0),
             BodyLeft::UntilClose { rechunk } => {
                 if *rechunk {
-                    frame_chunk(out, data);
+                    smg_wire::chunked::put_chunk(out, data);
                 } else {
                     out.extend_from_slice(data);
                 }
@@ -375,7 +375,7 @@ async fn relay_rest(
     let mut can_hold_watch = true;
     let mut out = Vec::new();
     while !left.done() {
-        if Instant::now() >= limits.deadline {
+        if crate::clock::now() >= limits.deadline {
             return RelayEnd::Worker { why: "still sending at --request-timeout-secs", sent: true };
         }
         if watch && quiet.get() >= 2 && can_hold_watch && left.passes_through() {
@@ -504,15 +504,6 @@ async fn relay_watched(
         }
     }
     Watched::Done
-}
-
-fn frame_chunk(out: &mut Vec<u8>, data: &[u8]) {
-    if !data.is_empty() {
-        smg_wire::num::put_hex(out, data.len() as u64);
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(data);
-        out.extend_from_slice(b"\r\n");
-    }
 }
 
 #[cfg(test)]

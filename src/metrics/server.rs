@@ -102,6 +102,8 @@ pub fn start(addr: SocketAddr, scraper: Scraper) {
                         crate::warn!("metrics listener on {addr}: {e}; retrying until it is free");
                         waited = true;
                     }
+                    // The metrics thread, never a shard: it has nothing else to do until the port is free.
+                    #[allow(clippy::disallowed_methods)]
                     std::thread::sleep(Duration::from_millis(500));
                 }
                 Err(e) => {

@@ -83,14 +83,13 @@ pub fn worker_request(out: &mut Vec<u8>, r: &WorkerRequest<'_>, head: &RequestHe
             header_line(out, name, &buf[h.value.clone()]);
         }
     }
+    crate::http::hop::write(out, head.hop.clone().map(|r| &buf[r]));
     out.extend_from_slice(b"\r\n");
 }
 
-/// A fresh `Sec-WebSocket-Key` from 16 random bytes.
-pub fn fresh_key(a: u64, b: u64) -> [u8; 24] {
-    let mut raw = [0u8; 16];
-    raw[..8].copy_from_slice(&a.to_le_bytes());
-    raw[8..].copy_from_slice(&b.to_le_bytes());
+/// A `Sec-WebSocket-Key` from 16 random bytes (a nonce: RFC 6455 §4.1 asks for randomly
+/// chosen ones).
+pub fn fresh_key(raw: [u8; 16]) -> [u8; 24] {
     let mut key = [0u8; 24];
     ws::base64(&raw, &mut key);
     key
@@ -169,7 +168,10 @@ mod tests {
     fn worker_side() {
         let (h, b) = head(OK);
         let up = client_upgrade(&h, &b).unwrap();
-        let key = fresh_key(1, 2);
+        let mut raw = [0u8; 16];
+        raw[..8].copy_from_slice(&1u64.to_le_bytes());
+        raw[8..].copy_from_slice(&2u64.to_le_bytes());
+        let key = fresh_key(raw);
         let mut out = Vec::new();
         let r = WorkerRequest { model: "org/m 1", authority: "w:1", authorization: b"Bearer k", key: &key };
         worker_request(&mut out, &r, &h, &b, &up);

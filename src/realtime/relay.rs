@@ -1,5 +1,7 @@
 //! The relay of an upgraded session: two pumps in the connection's task, one per
-//! direction, each with one buffer reused for the session's life. A pump reads what its
+//! direction, over the two sockets split into read and write halves (two descriptors a
+//! session, no duplicates). A pump's buffer is allocated when its side first has bytes to
+//! read (an idle session holds none) and reused for the session's life. A pump reads what its
 //! side sent, lets the [`Scanner`] read the frame heads in it, and writes the same bytes to
 //! the other side: frames go through verbatim (masks, fragments, pings and close codes
 //! included); only a frame head cut short at the end of a read waits for the next one, so
@@ -14,6 +16,9 @@
 //!   at a frame boundary, then both close.
 //! - The gateway drains (SIGTERM, or a handover to a successor): likewise with 1001, so
 //!   clients reconnect at once instead of holding the old process to its grace period.
+//! - Neither side sent a byte for `--websocket-idle-timeout-secs`: likewise with 1001 and
+//!   the reason "idle timeout", so an abandoned session stops holding its permit, worker
+//!   load and descriptors (nginx's proxy_read_timeout does the same, at 60 s).
 //!
 //! Writes are never cancelled (a cancelled write could leave half a frame on the wire);
 //! only a pump's wait for its next read is, when the other pump ended.
@@ -23,11 +28,10 @@ use std::future::poll_fn;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use monoio::net::TcpStream;
 use smg_wire::ws;
 
 use super::scan::{Scan, Scanner};
-use crate::io::{read_more, sleep, write_range};
+use crate::io::{sleep, ReadHalf, WriteHalf};
 
 /// Read buffer of one direction. 64 KB reads keep a 1 MB message at 16 reads; a message
 /// never needs to fit in it.
@@ -63,10 +67,39 @@ pub struct Direction {
 
 impl Direction {
     /// `seed`: bytes its side sent before the relay began (read with the handshake).
+    /// No buffer is allocated until its side sends something (see [`next_read`]).
     pub fn new(max_message: u64, seed: &[u8]) -> Self {
-        let mut buf = Vec::with_capacity(RELAY_BUF.max(seed.len()));
-        buf.extend_from_slice(seed);
-        Direction { buf, scan: Scanner::new(max_message), bytes: 0 }
+        Direction { buf: seed.to_vec(), scan: Scanner::new(max_message), bytes: 0 }
+    }
+}
+
+/// The next read of a direction. With no buffer yet it first waits for its side to be
+/// readable, holding no memory, so idle sessions cost their sockets and little else.
+async fn next_read(from: &mut ReadHalf<'_>, mut buf: Vec<u8>) -> (std::io::Result<usize>, Vec<u8>) {
+    if buf.capacity() == 0 {
+        if let Err(e) = from.readable().await {
+            return (Err(e), buf);
+        }
+        buf = Vec::with_capacity(RELAY_BUF);
+    }
+    from.read_more(buf, RELAY_BUF / 2).await
+}
+
+/// When the session was last heard from (a read on either side), for the idle deadline.
+struct Heard(Cell<Instant>);
+
+/// How long a session last heard from at `last` has before it counts as idle under
+/// `limit`; None once it does.
+fn idle_left(last: Instant, limit: Duration, now: Instant) -> Option<Duration> {
+    let left = limit.saturating_sub(now.saturating_duration_since(last));
+    (!left.is_zero()).then_some(left)
+}
+
+/// Resolves once the session has been silent both ways for `limit`: one timer, re-armed
+/// only when it fires, so a busy session pays a clock read per read and nothing more.
+async fn idle(heard: &Heard, limit: Duration) {
+    while let Some(left) = idle_left(heard.0.get(), limit, crate::clock::now()) {
+        sleep(left).await;
     }
 }
 
@@ -97,7 +130,7 @@ impl Stop {
         })
         .await;
         let at = self.at.get().expect("fired");
-        let left = at.saturating_duration_since(Instant::now());
+        let left = at.saturating_duration_since(crate::clock::now());
         if !left.is_zero() {
             sleep(left).await;
         }
@@ -107,7 +140,7 @@ impl Stop {
 /// Forwards `from` → `to` until the direction ends. Told to stop in the middle of a frame,
 /// it first passes the rest of that frame (for at most [`FINISH_FRAME`]), so that the close
 /// frame the gateway may send next lands on a frame boundary.
-async fn pump(from: &mut TcpStream, to: &mut TcpStream, d: &mut Direction, stop: &Stop) -> End {
+async fn pump(from: &mut ReadHalf<'_>, to: &mut WriteHalf<'_>, d: &mut Direction, stop: &Stop, heard: &Heard) -> End {
     let mut finish_by: Option<Instant> = None;
     loop {
         if !d.buf.is_empty() {
@@ -120,7 +153,7 @@ async fn pump(from: &mut TcpStream, to: &mut TcpStream, d: &mut Direction, stop:
                 Scan::Violation { n, code } => (n, Some(End::Violation(code))),
             };
             if n > 0 {
-                let (res, buf) = write_range(to, std::mem::take(&mut d.buf), 0, n).await;
+                let (res, buf) = to.write_range(std::mem::take(&mut d.buf), 0, n).await;
                 d.buf = buf;
                 if res.is_err() {
                     return End::PeerGone;
@@ -137,8 +170,8 @@ async fn pump(from: &mut TcpStream, to: &mut TcpStream, d: &mut Direction, stop:
             if d.scan.at_boundary() {
                 return End::Stopped;
             }
-            let left = by.saturating_duration_since(Instant::now());
-            match monoio::time::timeout(left, read_more(from, std::mem::take(&mut d.buf), RELAY_BUF / 2)).await {
+            let left = by.saturating_duration_since(crate::clock::now());
+            match monoio::time::timeout(left, next_read(from, std::mem::take(&mut d.buf))).await {
                 Ok((Ok(n), buf)) if n > 0 => d.buf = buf,
                 Ok(_) => return End::Gone,
                 Err(_) => return End::Stopped,
@@ -146,10 +179,10 @@ async fn pump(from: &mut TcpStream, to: &mut TcpStream, d: &mut Direction, stop:
             continue;
         }
         monoio::select! {
-            (res, buf) = read_more(from, std::mem::take(&mut d.buf), RELAY_BUF / 2) => {
+            (res, buf) = next_read(from, std::mem::take(&mut d.buf)) => {
                 d.buf = buf;
                 match res {
-                    Ok(n) if n > 0 => {}
+                    Ok(n) if n > 0 => heard.0.set(crate::clock::now()),
                     _ => return End::Gone,
                 }
             }
@@ -158,21 +191,21 @@ async fn pump(from: &mut TcpStream, to: &mut TcpStream, d: &mut Direction, stop:
                     return End::Stopped;
                 }
                 // Mid-payload, so nothing was held back: only the buffer went with the
-                // cancelled read.
-                d.buf = Vec::with_capacity(RELAY_BUF);
-                finish_by = Some(Instant::now() + FINISH_FRAME);
+                // cancelled read (the next read allocates one when bytes come).
+                d.buf = Vec::new();
+                finish_by = Some(crate::clock::now() + FINISH_FRAME);
             }
         }
     }
 }
 
-/// The two sides of a session: each socket twice, a reader (a duplicate descriptor) and a
-/// writer, so both directions can wait at once.
-pub struct Sides<'a> {
-    pub client_read: &'a mut TcpStream,
-    pub client_write: &'a mut TcpStream,
-    pub worker_read: &'a mut TcpStream,
-    pub worker_write: &'a mut TcpStream,
+/// The two sides of a session, each socket split into its halves so both directions can
+/// wait at once.
+pub(crate) struct Sides<'a> {
+    pub(crate) client_read: ReadHalf<'a>,
+    pub(crate) client_write: WriteHalf<'a>,
+    pub(crate) worker_read: ReadHalf<'a>,
+    pub(crate) worker_write: WriteHalf<'a>,
 }
 
 /// How the session ended, for the log and the access line.
@@ -184,58 +217,117 @@ pub struct Ended {
     pub sent_close: Option<u16>,
 }
 
-/// Close code for a session the gateway ends because it is shutting down ("going away").
+/// Close code for a session the gateway ends because it is shutting down or the session
+/// idled out ("going away").
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// The reason the client reads in the close frame of an idle session.
+const IDLE_REASON: &str = "idle timeout";
 
-/// Relays until the session ends, or `drain` resolves (the gateway shuts down: both sides
-/// get close 1001 once at a frame boundary); `mask` masks the close frame the gateway may
-/// send the worker (a client's frames are masked).
-pub async fn run(
+/// Why the gateway ended a session that broke no rule.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    Drain,
+    Idle,
+}
+
+/// A close frame with a reason (`ws::close_frame` has none), masked when `mask` is given.
+fn close_with_reason(code: u16, reason: &str, mask: Option<[u8; 4]>) -> Vec<u8> {
+    let mut payload = code.to_be_bytes().to_vec();
+    payload.extend_from_slice(reason.as_bytes());
+    let mut out = Vec::with_capacity(8 + payload.len());
+    ws::put_head(&mut out, true, ws::OP_CLOSE, payload.len() as u64, mask);
+    if let Some(k) = mask {
+        ws::apply_mask(&mut payload, k, 0);
+    }
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Relays until the session ends, `drain` resolves (the gateway shuts down), or neither
+/// side sends a byte for `idle_limit`: in the last two cases both sides get close 1001 once
+/// at a frame boundary.
+pub(crate) async fn run(
     s: Sides<'_>,
     up: &mut Direction,
     down: &mut Direction,
-    mask: [u8; 4],
     drain: impl std::future::Future<Output = ()>,
+    idle_limit: Duration,
 ) -> Ended {
-    let (client, worker, draining) = {
+    let Sides { mut client_read, mut client_write, mut worker_read, mut worker_write } = s;
+    let (client, worker, cut) = {
         let (stop_up, stop_down) = (Stop::default(), Stop::default());
-        let grace = |e: End| if e == End::Closed { Instant::now() + CLOSE_WAIT } else { Instant::now() };
+        let heard = Heard(Cell::new(crate::clock::now()));
+        let grace = |e: End| if e == End::Closed { crate::clock::now() + CLOSE_WAIT } else { crate::clock::now() };
         let client_side = async {
-            let e = pump(s.client_read, s.worker_write, up, &stop_up).await;
+            let e = pump(&mut client_read, &mut worker_write, up, &stop_up, &heard).await;
             stop_down.fire_at(grace(e));
             e
         };
         let worker_side = async {
-            let e = pump(s.worker_read, s.client_write, down, &stop_down).await;
+            let e = pump(&mut worker_read, &mut client_write, down, &stop_down, &heard).await;
             stop_up.fire_at(grace(e));
             e
         };
         let mut pumps = std::pin::pin!(async { monoio::join!(client_side, worker_side) });
-        monoio::select! {
-            (c, w) = &mut pumps => (c, w, false),
-            _ = drain => {
-                stop_up.fire_at(Instant::now());
-                stop_down.fire_at(Instant::now());
+        let cut = monoio::select! {
+            (c, w) = &mut pumps => Err((c, w)),
+            _ = drain => Ok(Cut::Drain),
+            _ = idle(&heard, idle_limit) => Ok(Cut::Idle),
+        };
+        match cut {
+            Err((c, w)) => (c, w, None),
+            Ok(cut) => {
+                stop_up.fire_at(crate::clock::now());
+                stop_down.fire_at(crate::clock::now());
                 let (c, w) = pumps.await;
-                (c, w, true)
+                (c, w, Some(cut))
             }
         }
     };
     let code = match (client, worker) {
         (End::Violation(c), _) | (_, End::Violation(c)) => Some(c),
-        _ if draining => Some(CLOSE_GOING_AWAY),
+        _ if cut.is_some() => Some(CLOSE_GOING_AWAY),
         _ => None,
     };
     if let Some(c) = code {
+        let reason = if cut == Some(Cut::Idle) { IDLE_REASON } else { "" };
         // Each side that has not closed and whose stream is at a frame boundary hears why.
         if !matches!(client, End::Closed | End::PeerGone) && up.scan.at_boundary() {
-            let (f, n) = ws::close_frame(c, Some(mask));
-            let _ = write_range(s.worker_write, f[..n].to_vec(), 0, n).await;
+            // The one frame the gateway writes to a worker itself: as a client's, it is masked
+            // with a key fresh from the kernel (RFC 6455 §5.3), drawn for this frame alone.
+            let f = close_with_reason(c, reason, Some(crate::random::bytes()));
+            let n = f.len();
+            let _ = worker_write.write_range(f, 0, n).await;
         }
         if !matches!(worker, End::Closed | End::PeerGone) && down.scan.at_boundary() {
-            let (f, n) = ws::close_frame(c, None);
-            let _ = write_range(s.client_write, f[..n].to_vec(), 0, n).await;
+            let f = close_with_reason(c, reason, None);
+            let n = f.len();
+            let _ = client_write.write_range(f, 0, n).await;
         }
     }
     Ended { client, worker, sent_close: code }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_deadline_counts_from_the_last_byte() {
+        let t0 = crate::clock::now();
+        let limit = Duration::from_secs(60);
+        assert_eq!(idle_left(t0, limit, t0), Some(limit));
+        assert_eq!(idle_left(t0, limit, t0 + Duration::from_secs(59)), Some(Duration::from_secs(1)));
+        assert_eq!(idle_left(t0, limit, t0 + limit), None);
+        assert_eq!(idle_left(t0 + Duration::from_secs(30), limit, t0 + limit), Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn an_idle_close_frame_carries_its_reason() {
+        let f = close_with_reason(1001, IDLE_REASON, None);
+        assert_eq!(f[0], 0x88);
+        assert_eq!(usize::from(f[1]), 2 + IDLE_REASON.len());
+        assert_eq!(&f[2..4], &1001u16.to_be_bytes());
+        assert_eq!(&f[4..], IDLE_REASON.as_bytes());
+    }
 }

@@ -9,7 +9,6 @@
 use super::config::RoutingConfig;
 use super::hashing::hash_str;
 use super::headers::{parse_target_worker, rid_key};
-use super::rng::WyRand;
 use super::types::{RouteError, RouteInput};
 use super::workers::View;
 
@@ -25,7 +24,7 @@ pub(crate) fn pick(
     view: &mut View,
     n: usize,
     input: &RouteInput<'_>,
-    rng: &mut WyRand,
+    rng: &mut fastrand::Rng,
 ) -> Result<usize, RouteError> {
     if let Some(t) = input.target_worker {
         return match parse_target_worker(t) {
@@ -35,6 +34,6 @@ pub(crate) fn pick(
     }
     match session_key(cfg, input) {
         Some(key) => view.ring().lookup(hash_str(key)).ok_or(RouteError::NoWorker),
-        None => Ok(rng.below(n)),
+        None => Ok(rng.usize(..n)),
     }
 }

@@ -27,7 +27,7 @@ pub struct EngineLoad {
 
 /// The figures of every rank, or of `rank` alone (a data-parallel rank routed on its own).
 pub fn parse_engine_load(body: &[u8], rank: Option<u32>) -> Option<EngineLoad> {
-    let loads = sonic_rs::get(body, ["loads"]).ok()?;
+    let loads = crate::bounded_json::get(body, &["loads"])?;
     if loads.get_type() != JsonType::Array {
         return None;
     }

@@ -35,7 +35,6 @@ mod loads;
 mod manual;
 mod prefix_hash;
 mod radix;
-mod rng;
 mod simple;
 mod text;
 mod types;
@@ -58,7 +57,6 @@ pub use text::{body_rid, namespace, routing_text, scan_body, BodyFields, Routing
 pub use types::{Candidate, RouteError, RouteInput};
 
 use manual::StickyMap;
-use rng::WyRand;
 use workers::{Slots, View, Views};
 
 /// Size figures of one shard's routing state.
@@ -85,7 +83,7 @@ pub struct ShardRouter {
     /// More than one shard routes for this gateway: new pinned keys must be placed the same
     /// way on every shard.
     sharded: bool,
-    rng: WyRand,
+    rng: fastrand::Rng,
     rr: usize,
     slots: Slots,
     views: Views,
@@ -106,7 +104,9 @@ impl ShardRouter {
             shard_index,
             sharded: shard_count > 1,
             // Seeded per shard: shards draw independent streams, and runs are reproducible.
-            rng: WyRand::new(0x5eed_0000_0000_0000 ^ (shard_index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            rng: fastrand::Rng::with_seed(
+                0x5eed_0000_0000_0000 ^ (shard_index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            ),
             rr: shard_index,
             slots: Slots::default(),
             views: Views::default(),
@@ -267,7 +267,7 @@ fn place(
     cands: &[Candidate<'_>],
     input: &RouteInput<'_>,
     cache: &mut cache_aware::CacheAware,
-    rng: &mut WyRand,
+    rng: &mut fastrand::Rng,
     rr: &mut usize,
 ) -> usize {
     match policy {
@@ -290,14 +290,14 @@ fn pick_manual(
     cands: &[Candidate<'_>],
     input: &RouteInput<'_>,
     map: &mut StickyMap,
-    rng: &mut WyRand,
+    rng: &mut fastrand::Rng,
     now: Instant,
 ) -> usize {
     let rid = if cfg.routing_key_override { input.rid.and_then(rid_key) } else { None };
     let Some(key) = rid.or(input.routing_key).filter(|k| !k.is_empty()) else {
         return match cfg.assignment_mode {
-            AssignmentMode::Random => rng.below(cands.len()),
-            mode => manual::assign(mode, rng.next_u64(), view, cands, map),
+            AssignmentMode::Random => rng.usize(..cands.len()),
+            mode => manual::assign(mode, rng.u64(..), view, cands, map),
         };
     };
     if let Some(i) = map.lookup("", key, view, now) {

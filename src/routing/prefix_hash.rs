@@ -10,7 +10,6 @@
 use super::cache_aware::root_key;
 use super::config::RoutingConfig;
 use super::hashing::{hash_bytes, hash_str, hash_tokens, mix};
-use super::rng::WyRand;
 use super::simple::least_load;
 use super::types::{Candidate, RouteInput};
 use super::workers::View;
@@ -42,7 +41,7 @@ pub(crate) fn pick(
     view: &mut View,
     cands: &[Candidate<'_>],
     input: &RouteInput<'_>,
-    rng: &mut WyRand,
+    rng: &mut fastrand::Rng,
 ) -> usize {
     let Some(key) = prefix_key(cfg, input) else {
         return least_load(rng, cands);

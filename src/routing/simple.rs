@@ -1,12 +1,11 @@
 //! The load-only policies: `random`, `round_robin`, `power_of_two` and `least_load`.
 
 use super::hashing::mix;
-use super::rng::WyRand;
 use super::types::Candidate;
 
 /// `random`: uniform over the candidates.
-pub(crate) fn random(rng: &mut WyRand, n: usize) -> usize {
-    rng.below(n)
+pub(crate) fn random(rng: &mut fastrand::Rng, n: usize) -> usize {
+    rng.usize(..n)
 }
 
 /// `round_robin`: this shard's own counter. Each shard starts at its own index, so shards that
@@ -33,13 +32,13 @@ fn fill(cands: &[Candidate<'_>]) -> u64 {
 }
 
 /// `power_of_two`: two distinct random candidates, the lighter one wins.
-pub(crate) fn power_of_two(rng: &mut WyRand, cands: &[Candidate<'_>]) -> usize {
+pub(crate) fn power_of_two(rng: &mut fastrand::Rng, cands: &[Candidate<'_>]) -> usize {
     let n = cands.len();
     if n == 1 {
         return 0;
     }
-    let a = rng.below(n);
-    let b = (a + 1 + rng.below(n - 1)) % n;
+    let a = rng.usize(..n);
+    let b = (a + 1 + rng.usize(..n - 1)) % n;
     let f = fill(cands);
     if score(&cands[b], f) < score(&cands[a], f) {
         b
@@ -49,7 +48,7 @@ pub(crate) fn power_of_two(rng: &mut WyRand, cands: &[Candidate<'_>]) -> usize {
 }
 
 /// `least_load`: the lowest score; ties broken at random so equal workers share the traffic.
-pub(crate) fn least_load(rng: &mut WyRand, cands: &[Candidate<'_>]) -> usize {
+pub(crate) fn least_load(rng: &mut fastrand::Rng, cands: &[Candidate<'_>]) -> usize {
     let f = fill(cands);
     let mut best = 0;
     let mut best_score = u64::MAX;
@@ -63,7 +62,7 @@ pub(crate) fn least_load(rng: &mut WyRand, cands: &[Candidate<'_>]) -> usize {
         } else if s == best_score {
             // Reservoir sampling: each tied candidate ends up chosen with probability 1/ties.
             ties += 1;
-            if rng.below(ties) == 0 {
+            if rng.usize(..ties) == 0 {
                 best = i;
             }
         }

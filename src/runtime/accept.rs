@@ -16,6 +16,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::admission::permits::PermitMsg;
+use crate::admission::priority::SchedMsg;
 use crate::io::{self, TcpListener};
 use crate::shard::{Shard, ShardMsg};
 
@@ -25,23 +26,38 @@ const TICK: Duration = Duration::from_millis(100);
 /// Ticks between the slow chores (pool sweep, routing ages): about once a second.
 const SLOW_EVERY: u32 = 10;
 
+/// How long a drain waits for connections that have not sent their first request (taken
+/// from the backlog as it began): a client sends its request right after connecting.
+const FIRST_REQUEST_IN_DRAIN: Duration = Duration::from_secs(2);
+
 /// Accepts until drained, then waits for in-flight requests (bounded by the grace period).
+/// `systemd_socket`: the listener is systemd's, which keeps its queue when we close ours.
 pub async fn serve(
     shard: Rc<Shard>,
     listener: TcpListener,
     inbox: flume::Receiver<ShardMsg>,
-    permit_inbox: flume::Receiver<PermitMsg>,
+    admission: AdmissionInbox,
+    systemd_socket: bool,
 ) {
     let listener = Rc::new(listener);
     let ticker = monoio::spawn(tick(Rc::clone(&shard)));
     let messages = monoio::spawn(receive(Rc::clone(&shard), inbox));
-    let permits = monoio::spawn(receive_permits(Rc::clone(&shard), permit_inbox));
+    let permits = monoio::spawn(receive_admission(Rc::clone(&shard), admission));
     accept_loop(&shard, &listener).await;
+    if !shard.hands_over() && !systemd_socket {
+        super::backlog::drain(&shard, &listener).await;
+    }
     drop(listener);
-    let deadline = Instant::now() + shard.cfg().shutdown_grace;
+    let now = crate::clock::now();
+    let deadline = now + shard.cfg().shutdown_grace;
+    let unread_until = now + FIRST_REQUEST_IN_DRAIN.min(shard.cfg().shutdown_grace);
     // A handover also waits for idle keep-alive clients (each leaves after one more request).
-    let busy = |s: &Shard| s.inflight() > 0 || (s.hands_over() && s.connections() > 0);
-    while busy(&shard) && Instant::now() < deadline {
+    let busy = |s: &Shard| {
+        s.inflight() > 0
+            || (s.hands_over() && s.connections() > 0)
+            || (s.unread() > 0 && crate::clock::now() < unread_until)
+    };
+    while busy(&shard) && crate::clock::now() < deadline {
         io::sleep(Duration::from_millis(10)).await;
     }
     if busy(&shard) {
@@ -98,7 +114,7 @@ struct ErrorLog {
 impl ErrorLog {
     fn record(&mut self, shard: usize, e: &std::io::Error) {
         self.count += 1;
-        let now = Instant::now();
+        let now = crate::clock::now();
         if self.since.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
             crate::warn!("shard {shard}: accept failed {} time(s) in the last second: {e}", self.count);
             self.since = Some(now);
@@ -121,10 +137,23 @@ async fn receive(shard: Rc<Shard>, inbox: flume::Receiver<ShardMsg>) {
     }
 }
 
-/// Permits traded with peers (see admission/permits.rs).
-async fn receive_permits(shard: Rc<Shard>, inbox: flume::Receiver<PermitMsg>) {
-    while let Ok(msg) = inbox.recv_async().await {
-        shard.on_permit_message(msg);
+/// A shard's unbounded admission channels from its peers. One kind is on at a time (the
+/// scheduler replaces the permits), so only its channel is read; the other is never sent on.
+pub struct AdmissionInbox {
+    pub permits: flume::Receiver<PermitMsg>,
+    pub sched: flume::Receiver<SchedMsg>,
+}
+
+/// Permits (admission/permits.rs) or scheduler slots (admission/priority/) traded with peers.
+async fn receive_admission(shard: Rc<Shard>, inbox: AdmissionInbox) {
+    if shard.permits().is_some() {
+        while let Ok(msg) = inbox.permits.recv_async().await {
+            shard.on_permit_message(msg);
+        }
+    } else {
+        while let Ok(msg) = inbox.sched.recv_async().await {
+            shard.on_sched_message(msg);
+        }
     }
 }
 

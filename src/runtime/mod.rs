@@ -2,6 +2,7 @@
 //! the worker control thread; turn SIGTERM/SIGINT into a drain; exit when shards are done.
 
 mod accept;
+mod backlog;
 mod systemd;
 mod upgrade;
 
@@ -13,11 +14,13 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::admission::permits::PermitMsg;
+use crate::admission::priority::SchedMsg;
 use crate::config::{Config, Host};
 use crate::shard::{Heartbeats, Peers, Shard, ShardMsg};
 use crate::workers::control::{self, ControlMsg};
 use crate::workers::fleet::WorkerSpec;
 use crate::workers::{Registry, Snapshot};
+use accept::AdmissionInbox;
 
 /// Cores this process may run on (respects taskset/cpusets).
 pub fn allowed_cores() -> Vec<core_affinity::CoreId> {
@@ -53,6 +56,7 @@ fn build_runtime() -> std::io::Result<ShardRuntime> {
 
 /// Blocks SIGTERM, SIGINT and SIGUSR2 (upgrade) in this thread (and so in every thread
 /// spawned after), so only the main thread's sigwait sees them.
+#[allow(unsafe_code)]
 fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-set manipulation on a zeroed set.
     unsafe {
@@ -66,6 +70,7 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
+#[allow(unsafe_code)]
 fn wait_signal(set: &libc::sigset_t) -> i32 {
     let mut sig = 0;
     // SAFETY: `set` was built by block_signals.
@@ -82,9 +87,12 @@ struct ShardStart {
     control: flume::Sender<ControlMsg>,
     peers: Peers,
     inbox: flume::Receiver<ShardMsg>,
-    permit_inbox: flume::Receiver<PermitMsg>,
-    /// A socket from systemd to accept on instead of binding `--host`/`--port`.
+    admission_inbox: AdmissionInbox,
+    /// A socket from systemd (or a predecessor) to accept on instead of binding
+    /// `--host`/`--port`.
     activated: Option<std::os::fd::RawFd>,
+    /// `activated` is systemd's: it keeps the socket's queue when we close ours.
+    systemd_socket: bool,
     /// A successor in a binary upgrade: accept only once a worker is routable (the
     /// predecessor serves until then).
     accept_when_routable: bool,
@@ -121,7 +129,7 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(usize, RawFd), String>
                 monoio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        accept::serve(shard, listener, s.inbox, s.permit_inbox).await;
+        accept::serve(shard, listener, s.inbox, s.admission_inbox, s.systemd_socket).await;
     });
 }
 
@@ -140,6 +148,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let (ready_tx, ready_rx) = flume::unbounded::<Result<(usize, RawFd), String>>();
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::bounded::<ShardMsg>(64)).unzip();
     let (permit_txs, permit_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<PermitMsg>()).unzip();
+    let (sched_txs, sched_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<SchedMsg>()).unzip();
     // From here on one thread writes the log. The access log is on at --log-level info and
     // up (SMG logs each request at info).
     let writer = crate::log::start_writer();
@@ -148,16 +157,19 @@ pub fn run(cfg: Config) -> Result<(), String> {
         crate::error!("{e}");
     }
     let budget_owner = cfg.budgets.is_some().then(|| crate::budget::owner::start(cfg.redis_url.clone()));
-    let activated = if inherited.is_empty() { systemd::listen_fds() } else { inherited };
+    let from_predecessor = !inherited.is_empty();
+    let activated = if from_predecessor { inherited } else { systemd::listen_fds() };
     let traces = cfg.trace_endpoint.clone().map(crate::trace::exporter::start);
     let heartbeats = Heartbeats::new(cfg.cores);
     let mut threads = Vec::new();
-    for (index, (rx, permit_rx)) in receivers.into_iter().zip(permit_rxs).enumerate() {
+    let admission_rxs = permit_rxs.into_iter().zip(sched_rxs).map(|(permits, sched)| AdmissionInbox { permits, sched });
+    for (index, (rx, admission_inbox)) in receivers.into_iter().zip(admission_rxs).enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
         let others = |i: &usize| *i != index;
         let peers = Peers {
             inboxes: inboxes.iter().enumerate().filter(|(i, _)| others(i)).map(|(_, tx)| tx.clone()).collect(),
             permits: permit_txs.iter().enumerate().filter(|(i, _)| others(i)).map(|(i, tx)| (i, tx.clone())).collect(),
+            sched: sched_txs.iter().enumerate().filter(|(i, _)| others(i)).map(|(i, tx)| (i, tx.clone())).collect(),
             access_log: access_log.clone(),
             heartbeats: heartbeats.clone(),
             traces: traces.clone(),
@@ -171,13 +183,15 @@ pub fn run(cfg: Config) -> Result<(), String> {
             control: control.clone(),
             peers,
             inbox: rx,
-            permit_inbox: permit_rx,
+            admission_inbox,
             activated: (!activated.is_empty()).then(|| activated[index % activated.len()]),
+            systemd_socket: !from_predecessor && !activated.is_empty(),
             accept_when_routable: upgrade_ready.is_some(),
         };
         let ready = ready_tx.clone();
         let t = std::thread::Builder::new()
             .name(format!("smg-shard-{index}"))
+            .stack_size(crate::bounded_json::THREAD_STACK)
             .spawn(move || shard_main(shard_cfg, ready))
             .map_err(|e| format!("spawn shard: {e}"))?;
         threads.push(t);
@@ -210,6 +224,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
         let routable = routable.clone();
         std::thread::spawn(move || {
             while !routable() {
+                // A helper thread, not a shard: the snapshot it polls has no change signal.
+                #[allow(clippy::disallowed_methods)]
                 std::thread::sleep(Duration::from_millis(20));
             }
             upgrade::report_ready(fd);

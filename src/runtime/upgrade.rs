@@ -23,16 +23,17 @@ pub const READY_FD_ENV: &str = "SMG_UPGRADE_READY_FD";
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
 /// The listening descriptors handed over by a predecessor, if this process is a successor.
-/// Read once at start; the variables are then removed so a later upgrade sets its own.
+/// Read once at start. The variables stay in this process's environment (removing them races
+/// with any thread reading it); the one child they matter to, a successor, gets its own values
+/// from `hand_over`.
 pub fn inherited() -> (Vec<RawFd>, Option<RawFd>) {
     let n = std::env::var(LISTEN_FDS_ENV).ok().and_then(|v| v.parse::<i32>().ok()).unwrap_or(0);
     let ready = std::env::var(READY_FD_ENV).ok().and_then(|v| v.parse::<i32>().ok());
-    std::env::remove_var(LISTEN_FDS_ENV);
-    std::env::remove_var(READY_FD_ENV);
     ((3..3 + n.max(0)).collect(), ready)
 }
 
 /// Tells the predecessor this process is ready (one byte on the pipe it passed).
+#[allow(unsafe_code)]
 pub fn report_ready(fd: RawFd) {
     // SAFETY: the descriptor was passed to us for exactly this; it is owned (and closed) here.
     let mut pipe = unsafe { std::fs::File::from_raw_fd(fd) };
@@ -51,6 +52,7 @@ fn successor_path() -> std::io::Result<std::path::PathBuf> {
 }
 
 /// Starts the successor with `listeners` (one per shard) and waits until it reports ready.
+#[allow(unsafe_code)]
 pub fn hand_over(listeners: &[RawFd]) -> Result<(), String> {
     let path = successor_path().map_err(|e| format!("cannot find the binary: {e}"))?;
     let (mut ready_rx, ready_tx) = pipe().map_err(|e| format!("pipe: {e}"))?;
@@ -110,6 +112,7 @@ pub fn hand_over(listeners: &[RawFd]) -> Result<(), String> {
     }
 }
 
+#[allow(unsafe_code)]
 fn pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors into the array.

@@ -9,4 +9,7 @@ pub struct Client {
     pub next: usize,
     /// Close with a lingering read (an early answer left the client sending).
     pub linger: bool,
+    /// Held until the first request head arrives: such a connection is read even while the
+    /// shard drains (it may come from the backlog, its request on the way).
+    pub(crate) unread: Option<crate::shard::UnreadGuard>,
 }

@@ -21,7 +21,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
 pub async fn ask(shard: &Shard, client: &mut Client, head: &RequestHead, ctx: &mut RequestCtx) -> Outcome {
     let limits =
-        BodyLimits { max: MAX_ADMIN_BODY.min(shard.cfg().max_payload_size), stall: shard.cfg().client_read_timeout };
+        BodyLimits { max: MAX_ADMIN_BODY.min(shard.cfg().max_payload_size), within: shard.cfg().client_read_timeout };
     let (res, buf) = read_body(&mut client.stream, head, std::mem::take(&mut client.buf), limits).await;
     client.buf = buf;
     let body = match res {

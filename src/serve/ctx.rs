@@ -15,21 +15,47 @@ use crate::budget::shard::Reservation;
 use crate::http::head::RequestHead;
 use crate::shard::{InflightGuard, LoadGuard, LocalSnapshot, Shard};
 use crate::trace::SpanIds;
-use crate::workers::Worker;
+use crate::workers::breaker::Verdict;
+use crate::workers::{Worker, WorkerId};
 
-/// The worker a request was sent to, with the Snapshot it was picked from.
-pub struct Chosen {
-    pub snapshot: LocalSnapshot,
+/// Proof that pick chose a worker: what attempts and relays take (pick alone makes one), so
+/// none of them asks the context whether a worker was chosen.
+#[derive(Clone)]
+pub struct Picked {
+    snapshot: LocalSnapshot,
     /// Position in `snapshot.workers`.
-    pub pos: usize,
+    pos: usize,
+}
+
+impl Picked {
+    pub(super) fn new(snapshot: LocalSnapshot, pos: usize) -> Self {
+        Picked { snapshot, pos }
+    }
+
+    pub fn worker(&self) -> &Worker {
+        &self.snapshot.workers[self.pos]
+    }
+}
+
+/// The worker a request was sent to, kept in the context for `finish` (accounting, logs).
+pub struct Chosen {
+    pub picked: Picked,
     /// The request's count on the worker's load, released when `finish` drops the context.
     pub _load: LoadGuard,
 }
 
 impl Chosen {
     pub fn worker(&self) -> &Worker {
-        &self.snapshot.workers[self.pos]
+        self.picked.worker()
     }
+}
+
+/// Verdicts of a request's attempts: the first inline (most requests make one attempt, and
+/// a request allocates nothing for it), retries' in a list.
+#[derive(Default)]
+struct Verdicts {
+    first: Option<(WorkerId, Verdict)>,
+    more: Vec<(WorkerId, Verdict)>,
 }
 
 /// When things happened.
@@ -70,6 +96,11 @@ pub struct RequestCtx {
     pub chosen: Option<Chosen>,
     /// Upstream attempts made (the retry edge adds one).
     pub attempts: u8,
+    /// What each attempt said about its worker, handed to the breakers by `finish`.
+    verdicts: Verdicts,
+    /// Tokens the worker says the request used, where it is not a relayed body's `usage`
+    /// (Decisions); `finish` settles the budget with it.
+    pub used_tokens: Option<u64>,
     /// It failed with every attempt the retry policy allows used.
     pub retries_exhausted: bool,
     pub timings: Timings,
@@ -134,8 +165,15 @@ impl RequestCtx {
             model: None,
             chosen: None,
             attempts: 0,
+            verdicts: Verdicts::default(),
+            used_tokens: None,
             retries_exhausted: false,
-            timings: Timings { started: Instant::now(), upstream_started: None, upstream_head: None, first_byte: None },
+            timings: Timings {
+                started: crate::clock::now(),
+                upstream_started: None,
+                upstream_head: None,
+                first_byte: None,
+            },
             bytes_in: 0,
             bytes_out: 0,
             status: 0,
@@ -150,6 +188,20 @@ impl RequestCtx {
             profile: crate::contract::Profile::OpenAi,
             _inflight: shard.begin_request(),
         }
+    }
+
+    /// Notes what an attempt said about `worker`; once per attempt (see `finish`).
+    pub fn judge(&mut self, worker: WorkerId, v: Verdict) {
+        match self.verdicts.first {
+            None => self.verdicts.first = Some((worker, v)),
+            Some(_) => self.verdicts.more.push((worker, v)),
+        }
+    }
+
+    /// The attempts' verdicts, each given out once.
+    pub fn take_verdicts(&mut self) -> impl Iterator<Item = (WorkerId, Verdict)> {
+        let v = std::mem::take(&mut self.verdicts);
+        v.first.into_iter().chain(v.more)
     }
 
     pub fn id_str(&self) -> std::borrow::Cow<'_, str> {

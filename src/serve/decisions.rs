@@ -5,15 +5,15 @@
 
 use smg_wire::chunked::ChunkedDecoder;
 
-use super::ctx::RequestCtx;
+use super::ctx::{Picked, RequestCtx};
 use super::error::{Failure, WorkerCause, WorkerError};
 use super::finish::Outcome;
-use super::upstream::Answered;
 use crate::api::decisions::{self, Plan};
 use crate::api::ApiError;
 use crate::contract;
 use crate::http::body::Body;
-use crate::http::response_head::ResponseBody;
+use crate::http::pool::UpstreamConn;
+use crate::http::response_head::{ResponseBody, ResponseHead};
 use crate::io::{read_more_within, Timed};
 use crate::shard::Shard;
 use crate::workers::admin::AdminReply;
@@ -41,9 +41,15 @@ pub fn retarget(up_head: &mut Vec<u8>, target_len: usize) {
 
 /// A 2xx System One reply: read whole, mapped, answered by the gateway (502 when it does not
 /// map). The connection goes back to the pool when the body ended cleanly.
-pub async fn answer(shard: &Shard, ctx: &mut RequestCtx, answered: Answered, plan: &Plan) -> Outcome {
-    let Answered { mut conn, head } = answered;
-    let id = ctx.chosen.as_ref().expect("pick ran").worker().id;
+pub async fn answer(
+    shard: &Shard,
+    ctx: &mut RequestCtx,
+    picked: &Picked,
+    mut conn: UpstreamConn,
+    head: ResponseHead,
+    plan: &Plan,
+) -> Outcome {
+    let id = picked.worker().id;
     let max = shard.cfg().max_payload_size;
     let idle = shard.cfg().upstream_read_timeout;
     let mut at = head.len;
@@ -91,11 +97,11 @@ pub async fn answer(shard: &Shard, ctx: &mut RequestCtx, answered: Answered, pla
     let reusable = match clean {
         Ok(r) => r && head.keep_alive,
         Err(cause) => {
-            shard.record_outcome(id, Verdict::Failure);
+            ctx.judge(id, Verdict::Failure);
             return Outcome::Failed(Failure::Worker(WorkerError::new(cause, conn.reused)));
         }
     };
-    shard.record_outcome(id, Verdict::of_status(head.status));
+    ctx.judge(id, Verdict::of_status(head.status));
     if reusable {
         conn.buf.clear();
         shard.put_conn(id, conn);
@@ -103,9 +109,7 @@ pub async fn answer(shard: &Shard, ctx: &mut RequestCtx, answered: Answered, pla
     match decisions::map_reply(&body, plan) {
         Some((out, tokens)) => {
             // A tenant budget is trued up to what the worker counted (no output tokens).
-            if let Some(r) = ctx.reservation.take() {
-                r.settle(tokens);
-            }
+            ctx.used_tokens = Some(tokens);
             Outcome::Control(AdminReply {
                 status: 200,
                 content_type: "application/json",

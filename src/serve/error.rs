@@ -3,8 +3,10 @@
 //!
 //! - [`ClientError`]: the client's framing (head or body). The byte stream is no longer
 //!   trustworthy, so the connection closes after the answer.
-//! - [`WorkerError`]: the worker's side, carrying whether the connection was a reused pooled
-//!   one and whether any byte already went to the client (the retry edge needs both).
+//! - [`WorkerError`]: the worker's side, whatever its protocol (I/O, an HTTP answer the
+//!   relay could not carry, a gRPC engine's status), carrying whether the connection was a
+//!   reused pooled one and whether any byte already went to the client. Its methods are the
+//!   one place that says what a failure means to the retry edge and to the breaker.
 //! - [`InternalError`]: this process ran short of something.
 //! - Rejections: the request is well-framed but refused (no route, no worker, the contract).
 
@@ -12,9 +14,11 @@ use std::io;
 
 use crate::api::ApiError;
 use crate::contract::ContractError;
+use crate::grpc::wire::{self as grpc, Status};
 use crate::http::body::BodyError;
 use crate::http::head::ParseError;
 use crate::http::respond::{write_simple, Simple, Stamp};
+use crate::workers::breaker::Verdict;
 
 #[derive(Debug)]
 pub enum ClientError {
@@ -38,6 +42,11 @@ pub enum WorkerCause {
         len: u64,
         max: usize,
     },
+    /// A gRPC engine refused the call (before its first message).
+    Engine(Status),
+    /// A gRPC engine failed the call after generation began, before anything reached the
+    /// client.
+    Generation(Status),
 }
 
 #[derive(Debug)]
@@ -54,15 +63,38 @@ impl WorkerError {
         Self { cause, reused, sent: false }
     }
 
+    /// Another worker would not do better: the answer itself is refused (over a size cap,
+    /// HTTP's or gRPC's), or the engine says the request is at fault or the method is not
+    /// there. Not retried.
+    pub fn final_answer(&self) -> bool {
+        match &self.cause {
+            WorkerCause::TooLarge { .. } => true,
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) => {
+                grpc::too_large(s) || !crate::retry::retryable_status(grpc::http_status(s.code))
+            }
+            _ => false,
+        }
+    }
+
+    /// What this failure says about the worker, for its breaker: a failure, except an HTTP
+    /// answer over the size cap (no mark: the worker is well, the answer is refused) and an
+    /// engine's statuses, read as the HTTP statuses they map to, where an invalid argument is
+    /// the request's fault.
+    pub fn verdict(&self) -> Option<Verdict> {
+        Some(match &self.cause {
+            WorkerCause::TooLarge { .. } => return None,
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) if grpc::too_large(s) => Verdict::Failure,
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) => match grpc::http_status(s.code) {
+                400 => Verdict::Success,
+                http => Verdict::of_status(http),
+            },
+            _ => Verdict::Failure,
+        })
+    }
+
     /// A reused connection that failed before the worker said anything was most likely
     /// closed by the worker while pooled: the request never reached it, and a fresh
     /// connection may carry it safely.
-    /// Another worker would not do better (the answer itself is refused): no retry, and no
-    /// mark against the worker's breaker.
-    pub fn final_answer(&self) -> bool {
-        matches!(self.cause, WorkerCause::TooLarge { .. })
-    }
-
     pub fn stale_socket(&self) -> bool {
         self.reused && !self.sent && matches!(self.cause, WorkerCause::Write(_) | WorkerCause::ClosedBeforeHead(_))
     }
@@ -120,6 +152,7 @@ impl std::fmt::Display for WorkerCause {
             WorkerCause::BadHead(why) | WorkerCause::BadBody(why) => f.write_str(why),
             WorkerCause::HeadTimeout => f.write_str("no response head within --request-timeout-secs"),
             WorkerCause::TooLarge { len, max } => write!(f, "response of {len} bytes over --max-payload-size {max}"),
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) => write!(f, "engine: {s}"),
         }
     }
 }
@@ -144,6 +177,24 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
             WorkerCause::Connect(e) => ApiError::upstream_connect(worker, e),
             WorkerCause::HeadTimeout => ApiError::upstream_timeout(worker),
             WorkerCause::TooLarge { len, max } => ApiError::upstream_too_large(worker, *len, *max),
+            // An engine message over `--grpc-max-message-size` (refused from its length
+            // prefix): too large for the gateway, as an HTTP answer over
+            // `--max-payload-size` is; a 502, not the 429 its RESOURCE_EXHAUSTED would map
+            // to, as the client is over no limit of its own.
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) if grpc::too_large(s) => ApiError::new(
+                502,
+                "upstream_response_too_large",
+                format!("The engine sent a message over --grpc-max-message-size ({})", s.message),
+            ),
+            // The engine did not start generation: the status follows its gRPC status.
+            WorkerCause::Engine(s) => ApiError::new(
+                grpc::http_status(s.code),
+                "start_generation_failed",
+                format!("Generation failed to start: {s}"),
+            ),
+            WorkerCause::Generation(s) => {
+                ApiError::new(grpc::http_status(s.code), "generation_failed", format!("Generation failed: {s}"))
+            }
             cause => ApiError::upstream_failed(worker, &cause.to_string()),
         },
         Failure::Internal(InternalError::NoDescriptors(e)) => {

@@ -1,10 +1,11 @@
 //! The one exit: every request, answered here, rejected or relayed, ends in [`finish`]. It
 //! writes what is still to be written, logs worker-side failures, decides keep-alive (the
 //! only place that does), and drops the request context, which releases the worker's load
-//! count and the in-flight count. Permits, budget debits, breaker outcomes, metrics and the
-//! access line belong here too.
+//! count and the in-flight count. Permits, budget settlements, breaker outcomes (the
+//! verdicts attempts noted in the context, one per attempt), metrics and the access line
+//! belong here too: nothing else settles a budget or records an outcome.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use monoio::net::TcpStream;
 
@@ -78,7 +79,15 @@ pub async fn finish(
 ) -> Next {
     let mut keep = match outcome {
         Outcome::Local(l) => answer(shard, client, head, &mut ctx, Answer::Local(l)).await,
-        Outcome::Control(r) => answer(shard, client, head, &mut ctx, Answer::Control(r)).await,
+        Outcome::Control(r) => {
+            let keep = answer(shard, client, head, &mut ctx, Answer::Control(r)).await;
+            if let (Some(r), Some(used)) = (ctx.reservation.take(), ctx.used_tokens) {
+                if (200..300).contains(&ctx.status) {
+                    r.settle(used);
+                }
+            }
+            keep
+        }
         Outcome::Failed(f) => answer(shard, client, head, &mut ctx, Answer::Failure(f)).await,
         Outcome::Relayed { end, stats } => {
             // The budget is trued up to what the worker says it used; with no figure (or a
@@ -104,6 +113,9 @@ pub async fn finish(
     };
     if keep && ctx.body_unread {
         keep = drain_body(shard, client, head).await;
+    }
+    for (worker, verdict) in ctx.take_verdicts() {
+        shard.record_outcome(worker, verdict);
     }
     account(shard, client, head, &ctx);
     drop(ctx);
@@ -187,7 +199,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
     if !shard.accounting() {
         return;
     }
-    let now = Instant::now();
+    let now = crate::clock::now();
     let started = ctx.timings.started;
     let to_head = ctx.timings.first_byte.unwrap_or(now).saturating_duration_since(started);
     let first_byte = ctx.timings.first_byte.map(|t| t.saturating_duration_since(started));
@@ -290,11 +302,11 @@ pub async fn close(mut client: Client) {
 }
 
 async fn linger(stream: &mut TcpStream) {
-    let until = Instant::now() + Duration::from_millis(500);
+    let until = crate::clock::now() + Duration::from_millis(500);
     let mut scratch = Vec::with_capacity(16 * 1024);
     let mut discarded = 0usize;
     while discarded < (4 << 20) {
-        let left = until.saturating_duration_since(Instant::now());
+        let left = until.saturating_duration_since(crate::clock::now());
         if left.is_zero() {
             break;
         }

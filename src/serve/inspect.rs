@@ -37,6 +37,11 @@ pub fn inspect(
             ctx.model = Some(canonical.map_or(model, str::to_owned));
             return Ok(body);
         }
+        // Nothing recursive reads a body nested deeper than the contract's scanner allows.
+        if let Err(e) = crate::bounded_json::check(received) {
+            let msg = format!("JSON syntax error: Failed to parse the request body as JSON: {e}");
+            return Err(Failure::Invalid(contract::ContractError::JsonParse(msg)));
+        }
         let (model, alias) = lazy_model(received, realtime::model_path(spec.path), &shard.cfg().aliases);
         ctx.model = model;
         // An alias is spliced over the `model` string, as the modeled endpoints do.
@@ -90,7 +95,8 @@ fn transcription(
 }
 
 /// For endpoints without a modeled schema: only `model`, with a lazy get (DESIGN.md measured
-/// ~0.2 µs when it comes early in the body), resolved through `--model-alias`; an alias
+/// ~0.2 µs when it comes early in the body) on a body known to be shallow enough for it
+/// (`bounded_json`), resolved through `--model-alias`; an alias
 /// comes back with the splice that puts the canonical id in its place. The relay needs no
 /// `stream` flag because it forwards whatever framing the worker answers with.
 fn lazy_model(body: &[u8], at: &[&str], aliases: &contract::Aliases) -> (Option<String>, Option<contract::Splice>) {

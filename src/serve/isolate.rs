@@ -9,31 +9,37 @@
 //! Shard state is `Cell`/`RefCell` behind RAII guards, so what a panicking task held is
 //! released as it unwinds, and nothing it half-wrote is shared with another core.
 
-use std::future::Future;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
-use std::task::{Context, Poll};
+//!
+//! The catching is futures-util's `FutureExt::catch_unwind` (a std `catch_unwind` around each
+//! poll); this module only adapts its result to the panic's message.
 
-/// Resolves to the future's output, or to the panic's message.
+use std::future::{Future, IntoFuture};
+use std::panic::AssertUnwindSafe;
+
+use futures_util::future::{CatchUnwind, FutureExt, Map};
+
+/// Awaits to the future's output, or to the panic's message.
 pub struct CatchPanic<F>(pub F);
 
-impl<F: Future> Future for CatchPanic<F> {
-    type Output = Result<F::Output, String>;
+type Caught<T> = fn(std::thread::Result<T>) -> Result<T, String>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: structural pinning of the only field; it is never moved out.
-        let inner = unsafe { self.map_unchecked_mut(|s| &mut s.0) };
-        match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(payload) => {
-                let msg = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".into());
-                Poll::Ready(Err(msg))
-            }
-        }
+impl<F: Future> IntoFuture for CatchPanic<F> {
+    type Output = Result<F::Output, String>;
+    type IntoFuture = Map<CatchUnwind<AssertUnwindSafe<F>>, Caught<F::Output>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        // AssertUnwindSafe: what the request held is released by its guards as it unwinds
+        // (see above), so nothing observes half-written state afterwards.
+        AssertUnwindSafe(self.0).catch_unwind().map(message as Caught<F::Output>)
     }
+}
+
+fn message<T>(caught: std::thread::Result<T>) -> Result<T, String> {
+    caught.map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into())
+    })
 }

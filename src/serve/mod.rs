@@ -19,11 +19,13 @@
 //!
 //! Every edge ends in [`finish::finish`], the one exit. Pipelined requests are answered in
 //! order simply because each one is finished before the next head is parsed from the bytes
-//! left in the buffer. `authorize` and `admit` run before the body is read. Every attempt's
-//! outcome goes to the shard for the workers' circuit breakers (`attempt` and `relay`).
+//! left in the buffer. `authorize` and `admit` run before the body is read. pick → attempt →
+//! relay and the retry edge are one loop for every worker protocol ([`forward`]); each
+//! attempt's verdict on its worker is noted in the context and recorded by `finish`.
 //! A large body that nothing needs to read leaves the path after `admit`: it is picked a
 //! worker from the head alone and streamed to it as it arrives, one attempt
-//! ([`stream_body`]).
+//! ([`stream_body`]); a large transcription form likewise, picked on the `model` part at
+//! its head and checked as it passes ([`stream_form`]).
 
 mod client;
 mod control;
@@ -31,6 +33,7 @@ mod ctx;
 mod decisions;
 mod error;
 mod finish;
+mod forward;
 mod grpc;
 mod inspect;
 mod isolate;
@@ -38,6 +41,7 @@ mod pick;
 mod realtime;
 mod reserve;
 mod stream_body;
+mod stream_form;
 mod upstream;
 
 use std::cell::RefCell;
@@ -50,20 +54,16 @@ use crate::admission::auth::{unauthenticated_tenant, Tenant, Verdict};
 use crate::admission::permits::{Admit, Permits};
 use crate::admission::priority::{Admission, Class, Scheduler};
 use crate::admission::Permit;
-use crate::api::{self, Action, ApiError, EndpointSpec, Route};
+use crate::api::{self, Action, ApiError, Route};
 use crate::http::body::{read_body, Body, BodyError, BodyLimits};
 use crate::http::head::{parse_request, ParseError, RequestHead};
 use crate::io::{nodelay, peer_closed, read_more_within, send_deadline, sleep, Timed};
-use crate::retry;
 use crate::shard::{ConnectionSlot, Shard};
-use crate::workers::breaker::Verdict as AttemptVerdict;
-use crate::workers::WorkerId;
 use client::Client;
 use ctx::RequestCtx;
 use error::{ClientError, Failure, InternalError};
 use finish::{finish, Next, Outcome, READ_BUF};
 use stream_body::BodyPath;
-use upstream::{attempt, client_content_type, relay_response, upstream_head, AttemptError, Plan};
 
 /// Serves one client connection until it closes; a panic outside a request's phases ends
 /// only this connection.
@@ -76,9 +76,12 @@ pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlo
 async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     nodelay(&stream);
     send_deadline(&stream, shard.cfg().client_write_timeout);
-    let mut client = Client { stream, buf: Vec::with_capacity(READ_BUF), next: 0, linger: false };
+    let unread = Some(shard.unread_connection());
+    let mut client = Client { stream, buf: Vec::with_capacity(READ_BUF), next: 0, linger: false, unread };
     loop {
-        let next = match read_head(&shard, &mut client).await {
+        let read = read_head(&shard, &mut client).await;
+        client.unread = None;
+        let next = match read {
             HeadRead::Head(head) => {
                 // Until a body is read (or drained), the request is its head.
                 client.next = head.len;
@@ -120,6 +123,9 @@ async fn request(
     if let Err(f) = authorize(shard, client, head, ctx, route) {
         return Outcome::Failed(f);
     }
+    if head.hop.clone().is_some_and(|r| crate::http::hop::looped(&client.buf[r])) {
+        return reject(ApiError::loop_detected());
+    }
     let spec = match route.action {
         Action::Proxy(spec) => spec,
         // A WebSocket session holds its admission for as long as it lives.
@@ -144,6 +150,9 @@ async fn request(
     if let Some(path) = stream_body::decide(shard, spec, head, &client.buf) {
         ctx.body_path = Some(path.labels());
         if let BodyPath::Stream { len, .. } = path {
+            if spec.path == api::transcriptions::PATH {
+                return stream_form::forward(shard, client, head, ctx, spec, len).await;
+            }
             match stream_body::forward(shard, client, head, ctx, spec, len).await {
                 Ok(o) => return o,
                 Err(_) => ctx.body_path = Some(("buffered", "no_available_worker")),
@@ -161,7 +170,7 @@ async fn request(
     if let Err(o) = reserve::reserve(shard, ctx, body.bytes(&client.buf).len()).await {
         return o;
     }
-    forward(shard, client, head, ctx, spec, &mut body).await
+    forward::forward(shard, client, head, ctx, spec, &mut body).await
 }
 
 /// Phase: authorize. Serving routes need a serving key when keys are configured and get
@@ -215,7 +224,7 @@ async fn admit(shard: &Shard, client: &Client, head: &RequestHead, ctx: &mut Req
         Admit::Queued(t) => t,
     };
     let limit = shard.cfg().admission.as_ref().map(|a| a.queue_timeout).unwrap_or_default();
-    let queued = Instant::now();
+    let queued = crate::clock::now();
     let granted = queue_wait(client, limit, || Permits::wait(&ticket)).await?;
     ctx.admitted = Some(granted == Some(true));
     match granted {
@@ -275,7 +284,7 @@ async fn queue_wait<F: std::future::Future>(
     limit: std::time::Duration,
     mut wait: impl FnMut() -> F,
 ) -> Result<Option<F::Output>, Outcome> {
-    let queued = Instant::now();
+    let queued = crate::clock::now();
     let mut watch = true;
     loop {
         let waited = wait();
@@ -302,7 +311,7 @@ async fn queue_wait<F: std::future::Future>(
 
 /// Phase: body.
 async fn body(shard: &Shard, client: &mut Client, head: &RequestHead, ctx: &mut RequestCtx) -> Result<Body, Outcome> {
-    let limits = BodyLimits { max: shard.cfg().max_payload_size, stall: shard.cfg().client_read_timeout };
+    let limits = BodyLimits { max: shard.cfg().max_payload_size, within: shard.cfg().client_read_timeout };
     let (res, buf) = read_body(&mut client.stream, head, std::mem::take(&mut client.buf), limits).await;
     client.buf = buf;
     match res {
@@ -314,152 +323,6 @@ async fn body(shard: &Shard, client: &mut Client, head: &RequestHead, ctx: &mut 
         Err(BodyError::Gone) => Err(Outcome::ClientGone),
         Err(e) => Err(Outcome::Failed(Failure::Client(ClientError::Body(e)))),
     }
-}
-
-/// Phases pick → attempt → relay, with the retry edges back to pick: after a stale pooled
-/// socket, to the same worker on a fresh connection; after a worker failure or a retryable
-/// status (nothing sent to the client yet), to a worker selected again, after a backoff.
-async fn forward(
-    shard: &Rc<Shard>,
-    client: &mut Client,
-    head: &RequestHead,
-    ctx: &mut RequestCtx,
-    spec: &EndpointSpec,
-    body: &mut Body,
-) -> Outcome {
-    let mut up_head = Vec::with_capacity(512);
-    let mut watch = true;
-    let mut fresh = false;
-    // Workers this request failed on (allocates only on a retry).
-    let mut failed_on: Vec<WorkerId> = Vec::new();
-    let content_type = client_content_type(spec, head, &client.buf);
-    // Decisions for an SGLang worker: the System One body, made when one is first picked.
-    let mut systemone: Option<decisions::Translated> = None;
-    let is_decisions = spec.schema == Some(crate::contract::Endpoint::Decisions);
-    // gRPC workers with a text policy route on the prompt's token ids: tokenized before pick.
-    let mut early =
-        if shard.snapshot().any_grpc { grpc::early(shard, spec, ctx, body.bytes(&client.buf)) } else { None };
-    loop {
-        let tokens = early.as_ref().map(|e| e.tokens());
-        let picked =
-            pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, &failed_on, tokens);
-        if let Err(f) = picked {
-            return Outcome::Failed(f);
-        }
-        let worker = ctx.chosen.as_ref().expect("picked").worker();
-        let id = worker.id;
-        // gRPC workers take token ids: the gateway renders, tokenizes and answers itself.
-        if worker.url.grpc {
-            return grpc::forward(shard, client, head, ctx, spec, body, &mut failed_on, early.take()).await;
-        }
-        let translate = is_decisions && worker.meta.runtime == crate::workers::snapshot::Runtime::Sglang;
-        if translate && systemone.is_none() {
-            match decisions::translate(body.bytes(&client.buf), ctx.model.as_deref().unwrap_or("")) {
-                Ok(t) => systemone = Some(t),
-                Err(f) => return Outcome::Failed(f),
-            }
-        }
-        let worker = ctx.chosen.as_ref().expect("picked").worker();
-        up_head.clear();
-        let span = ctx.span.as_ref().map(|(ids, _)| ids);
-        let authority = &worker.url.authority;
-        let sent: &mut Body = match systemone.as_mut() {
-            Some(t) if translate => &mut t.body,
-            _ => &mut *body,
-        };
-        let ct = content_type.as_ref();
-        let bytes = sent.bytes(&client.buf);
-        let skip =
-            upstream_head(&mut up_head, head, &client.buf, authority, bytes, bytes.len(), span, &worker.meta, ct);
-        if translate {
-            decisions::retarget(&mut up_head, head.target.len());
-        }
-        let plan = Plan { skip, fresh };
-        // Until its response reaches the client, a request holding a scheduler slot may be
-        // preempted: the attempt (and with it the worker connection) is dropped at once.
-        let attempted = match ctx.slot.as_ref().map(|s| Rc::clone(s.held())) {
-            Some(held) => {
-                monoio::select! {
-                    r = attempt(shard, client, ctx, &mut up_head, sent, plan, &mut watch) => {
-                        if r.is_ok() {
-                            held.start();
-                        }
-                        r
-                    }
-                    _ = held.preempted() => {
-                        // The attempt may have been writing the body from the connection's
-                        // buffer when it was dropped: what followed it cannot be trusted.
-                        ctx.close = true;
-                        return reject(ApiError::scheduler_preempted());
-                    }
-                }
-            }
-            None => attempt(shard, client, ctx, &mut up_head, sent, plan, &mut watch).await,
-        };
-        let failure = match attempted {
-            Ok(answered) if retry::retryable_status(answered.head.status) && may_retry(shard, ctx) => {
-                // Dropping the answer closes its connection: its body is not worth reading.
-                let status = answered.head.status;
-                drop(answered);
-                shard.record_outcome(id, AttemptVerdict::of_status(status));
-                crate::debug!("request {}: worker {} answered {status}; retrying", ctx.id_str(), ctx.worker_url());
-                None
-            }
-            Ok(answered) if translate && (200..300).contains(&answered.head.status) => {
-                let plan = &systemone.as_ref().expect("translated").plan;
-                return decisions::answer(shard, ctx, answered, plan).await;
-            }
-            Ok(answered) => {
-                ctx.retries_exhausted = retry::retryable_status(answered.head.status) && exhausted(shard, ctx);
-                match relay_response(shard, client, head, ctx, answered, std::mem::take(&mut up_head), watch).await {
-                    Ok(o) => return o,
-                    Err((e, spare)) => {
-                        up_head = spare;
-                        Some(e)
-                    }
-                }
-            }
-            Err(AttemptError::Failed(Failure::Worker(e))) if e.stale_socket() && !fresh => {
-                // Its siblings in the pool were opened to the same worker process.
-                shard.forget_conns(id);
-                crate::debug!("request {}: stale pooled connection; retrying on a fresh one", ctx.id_str());
-                fresh = true;
-                continue;
-            }
-            Err(AttemptError::Failed(Failure::Worker(e))) if e.final_answer() => {
-                return Outcome::Failed(Failure::Worker(e));
-            }
-            Err(AttemptError::Failed(Failure::Worker(e))) => {
-                shard.record_outcome(id, AttemptVerdict::Failure);
-                Some(e)
-            }
-            Err(AttemptError::Failed(f)) => return Outcome::Failed(f),
-            Err(AttemptError::ClientGone) => return Outcome::ClientGone,
-        };
-        if let Some(e) = failure {
-            if !may_retry(shard, ctx) {
-                ctx.retries_exhausted = exhausted(shard, ctx);
-                return Outcome::Failed(Failure::Worker(e));
-            }
-            crate::debug!("request {}: worker {}: {}; retrying", ctx.id_str(), ctx.worker_url(), e.cause);
-        }
-        failed_on.push(id);
-        ctx.chosen = None;
-        fresh = false;
-        let policy = shard.cfg().retry.expect("may_retry");
-        let unit = (shard.next_random() >> 11) as f64 / (1u64 << 53) as f64;
-        sleep(policy.backoff(u32::from(ctx.attempts) + 1, unit)).await;
-    }
-}
-
-/// Retries are on and this request used every attempt.
-fn exhausted(shard: &Shard, ctx: &RequestCtx) -> bool {
-    shard.cfg().retry.is_some_and(|p| u32::from(ctx.attempts) >= p.max_attempts)
-}
-
-/// Another attempt is allowed: retries are on and the request has attempts left.
-fn may_retry(shard: &Shard, ctx: &RequestCtx) -> bool {
-    shard.cfg().retry.is_some_and(|p| u32::from(ctx.attempts) < p.max_attempts)
 }
 
 fn reject(e: ApiError) -> Outcome {
@@ -492,18 +355,20 @@ async fn read_head(shard: &Shard, client: &mut Client) -> HeadRead {
         // A drain closes idle connections, except a handover to a successor: the client may
         // be sending its next request right now, so it is read and answered (with
         // `connection: close`) instead of finding the connection closed under it.
-        if client.buf.is_empty() && shard.is_draining() && !shard.hands_over() {
+        // A connection that has sent nothing yet is read all the same: closing it with its
+        // first request arriving would reset it.
+        if client.buf.is_empty() && shard.is_draining() && !shard.hands_over() && client.unread.is_none() {
             return HeadRead::Closed;
         }
         // Idle keep-alive wait before the first byte; slow-client deadline after it.
         let wait = match deadline {
             None if client.buf.is_empty() => shard.cfg().client_idle_timeout,
             None => {
-                let d = Instant::now() + shard.cfg().client_read_timeout;
+                let d = crate::clock::now() + shard.cfg().client_read_timeout;
                 deadline = Some(d);
                 shard.cfg().client_read_timeout
             }
-            Some(d) => d.saturating_duration_since(Instant::now()),
+            Some(d) => d.saturating_duration_since(crate::clock::now()),
         };
         let (res, buf) =
             read_more_within(&mut client.stream, std::mem::take(&mut client.buf), READ_BUF / 2, wait).await;
@@ -511,7 +376,7 @@ async fn read_head(shard: &Shard, client: &mut Client) -> HeadRead {
         match res {
             Timed::Done(Ok(n)) if n > 0 => {
                 if deadline.is_none() {
-                    deadline = Some(Instant::now() + shard.cfg().client_read_timeout);
+                    deadline = Some(crate::clock::now() + shard.cfg().client_read_timeout);
                 }
             }
             _ => return HeadRead::Closed,

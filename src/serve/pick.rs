@@ -3,9 +3,8 @@
 //! not for text at all when a valid `X-SMG-Routing-Tokens` hint already says it.
 
 use std::rc::Rc;
-use std::time::Instant;
 
-use super::ctx::{Chosen, RequestCtx};
+use super::ctx::{Chosen, Picked, RequestCtx};
 use super::error::Failure;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract;
@@ -33,12 +32,12 @@ pub fn pick_worker(
     ctx: &mut RequestCtx,
     avoid: &[WorkerId],
     tokens: Option<&[u32]>,
-) -> Result<(), Failure> {
+) -> Result<Picked, Failure> {
     // The retry edge comes back here. A retry after a stale pooled socket goes to the same
     // worker on a fresh connection (the worker did nothing wrong): it is still chosen. A
     // retry after a worker failure cleared the choice and selects again.
-    if ctx.chosen.is_some() {
-        return Ok(());
+    if let Some(c) = &ctx.chosen {
+        return Ok(c.picked.clone());
     }
     if spec.realtime {
         return pick_realtime(shard, head, buf, ctx, avoid);
@@ -65,9 +64,10 @@ pub fn pick_worker(
             let least = list.iter().copied().filter(fits).min_by_key(|&p| snap.workers[p].engine_load.unwrap_or(0));
             let Some(pos) = least else { return Err(ApiError::no_available_workers(model).into()) };
             let load = shard.hold_load(snap.workers[pos].id);
-            ctx.timings.upstream_started = Some(Instant::now());
-            ctx.chosen = Some(Chosen { snapshot: snap.clone(), pos, _load: load });
-            return Ok(());
+            ctx.timings.upstream_started = Some(crate::clock::now());
+            let picked = Picked::new(snap.clone(), pos);
+            ctx.chosen = Some(Chosen { picked: picked.clone(), _load: load });
+            return Ok(picked);
         }
         Candidates::Healthy(list) => list,
     };
@@ -119,14 +119,15 @@ pub fn pick_worker(
     };
     // One clock read serves the router and the start of the upstream exchange
     // (`--request-timeout-secs` counts from here: queue and body time are not the worker's).
-    let now = Instant::now();
+    let now = crate::clock::now();
     ctx.timings.upstream_started = Some(now);
     match shard.pick(&input, &snap, positions, now) {
         Ok(i) => {
             let pos = positions[i];
             let load = shard.hold_load(snap.workers[pos].id);
-            ctx.chosen = Some(Chosen { snapshot: snap.clone(), pos, _load: load });
-            Ok(())
+            let picked = Picked::new(snap.clone(), pos);
+            ctx.chosen = Some(Chosen { picked: picked.clone(), _load: load });
+            Ok(picked)
         }
         Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(model).into()),
     }
@@ -148,7 +149,7 @@ pub fn pick_realtime(
     buf: &[u8],
     ctx: &mut RequestCtx,
     avoid: &[WorkerId],
-) -> Result<(), Failure> {
+) -> Result<Picked, Failure> {
     let snap = shard.snapshot();
     let model = ctx.model.as_deref().unwrap_or("");
     let mut any = false;
@@ -174,7 +175,8 @@ pub fn pick_realtime(
         return Err(Failure::Unauthorized);
     }
     let load = shard.hold_load(snap.workers[pos].id);
-    ctx.timings.upstream_started = Some(Instant::now());
-    ctx.chosen = Some(Chosen { snapshot: snap.clone(), pos, _load: load });
-    Ok(())
+    ctx.timings.upstream_started = Some(crate::clock::now());
+    let picked = Picked::new(snap.clone(), pos);
+    ctx.chosen = Some(Chosen { picked: picked.clone(), _load: load });
+    Ok(picked)
 }

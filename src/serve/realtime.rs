@@ -8,20 +8,26 @@
 //! worker that refuses is answered with the worker's own response, as any worker error
 //! is. Then the frames are relayed ([`crate::realtime::relay`]) and the connection closes
 //! when the session does.
+//!
+//! A session holds two descriptors, the client's and the worker's, so it holds two units of
+//! `--max-connections`: the worker's is taken before connecting, and a shard whose sessions
+//! reached their share of the cap answers `503 connection_limit` instead, so sessions
+//! cannot run the process out of descriptors nor lock other clients out.
 
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::client::Client;
-use super::ctx::RequestCtx;
+use super::ctx::{Picked, RequestCtx};
 use super::error::{Failure, InternalError, WorkerCause, WorkerError};
 use super::finish::Outcome;
 use super::pick;
 use super::upstream::{relay_response, Answered};
+use crate::api::error::ApiError;
 use crate::http::head::RequestHead;
 use crate::http::pool::{self, UpstreamConn, UPSTREAM_BUF};
 use crate::http::response_head::{parse_response, ResponseHead};
-use crate::io::{dup_stream, is_resource_exhaustion, read_more, shutdown_write, write_all};
+use crate::io::{self, is_resource_exhaustion, read_more, shutdown_write, write_all};
 use crate::realtime::handshake::{self, ClientUpgrade, WorkerRequest};
 use crate::realtime::query;
 use crate::realtime::relay::{self, Direction, End, Sides};
@@ -39,34 +45,43 @@ pub async fn session(shard: &Rc<Shard>, client: &mut Client, head: &RequestHead,
     let aliases = &shard.cfg().aliases;
     let canonical = (!aliases.is_empty()).then(|| aliases.resolve(&model)).flatten().map(str::to_owned);
     ctx.model = Some(canonical.unwrap_or(model));
-    if let Err(f) = pick::pick_realtime(shard, head, &client.buf, ctx, &[]) {
-        return Outcome::Failed(f);
-    }
+    let picked = match pick::pick_realtime(shard, head, &client.buf, ctx, &[]) {
+        Ok(p) => p,
+        Err(f) => return Outcome::Failed(f),
+    };
+    let (worker_id, worker_url) = (picked.worker().id, picked.worker().url.url.clone());
     let upgrade = match handshake::client_upgrade(head, &client.buf) {
         Ok(u) => u,
         Err(why) => return Outcome::Failed(Failure::Form(why.into())),
     };
-    let (mut conn, rhead) = match open(shard, client, head, ctx, &upgrade).await {
+    // Held until the session ends: the worker socket's unit of the connection cap.
+    let Some(_worker_slot) = shard.open_session_unit() else {
+        return Outcome::Failed(Failure::Rejected(ApiError::new(
+            503,
+            "connection_limit",
+            "The gateway is at --max-connections; retry later",
+        )));
+    };
+    let (mut conn, rhead) = match open(shard, client, head, ctx, &picked, &upgrade).await {
         Ok(Opened::Upgraded(c, h)) => (c, h),
         Ok(Opened::Refused(answered)) => {
             // The worker's own answer (a 4xx, a 5xx) goes to the client as it is.
-            return match relay_response(shard, client, head, ctx, answered, Vec::new(), true).await {
+            return match relay_response(shard, client, head, ctx, &picked, answered, Vec::new(), true).await {
                 Ok(o) => o,
-                Err((e, _)) => Outcome::Failed(Failure::Worker(e)),
+                Err((e, _)) => {
+                    ctx.judge(worker_id, Verdict::Failure);
+                    Outcome::Failed(Failure::Worker(e))
+                }
             };
         }
         Err(f) => {
             if let Failure::Worker(_) = f {
-                shard.record_outcome(ctx.chosen.as_ref().expect("picked").worker().id, Verdict::Failure);
+                ctx.judge(worker_id, Verdict::Failure);
             }
             return Outcome::Failed(f);
         }
     };
-    let (worker_id, worker_url) = {
-        let w = ctx.chosen.as_ref().expect("picked").worker();
-        (w.id, w.url.url.clone())
-    };
-    shard.record_outcome(worker_id, Verdict::Success);
+    ctx.judge(worker_id, Verdict::Success);
     // Answered: no longer preemptible, as a response that started.
     if let Some(slot) = &ctx.slot {
         slot.held().start();
@@ -79,7 +94,7 @@ pub async fn session(shard: &Rc<Shard>, client: &mut Client, head: &RequestHead,
         return Outcome::ClientGone;
     }
     ctx.status = 101;
-    ctx.timings.first_byte = Some(Instant::now());
+    ctx.timings.first_byte = Some(crate::clock::now());
     crate::debug!("request {}: realtime session with {worker_url}", ctx.id_str());
 
     // Bytes each side sent after its handshake start its direction.
@@ -88,18 +103,11 @@ pub async fn session(shard: &Rc<Shard>, client: &mut Client, head: &RequestHead,
     let mut down = Direction::new(max, &conn.buf[rhead.len..]);
     client.next = client.buf.len();
     let ended = {
-        let (Ok(mut client_read), Ok(mut worker_read)) = (dup_stream(&client.stream), dup_stream(&conn.stream)) else {
-            crate::warn!("request {}: cannot duplicate a socket for the relay", ctx.id_str());
-            return Outcome::Upgraded;
-        };
-        let sides = Sides {
-            client_read: &mut client_read,
-            client_write: &mut client.stream,
-            worker_read: &mut worker_read,
-            worker_write: &mut conn.stream,
-        };
-        let mask = (shard.next_random() as u32).to_ne_bytes();
-        relay::run(sides, &mut up, &mut down, mask, shard.drained()).await
+        let (client_read, client_write) = io::split(&mut client.stream);
+        let (worker_read, worker_write) = io::split(&mut conn.stream);
+        let sides = Sides { client_read, client_write, worker_read, worker_write };
+        // The worker must not be able to predict it (RFC 6455 §5.3): not the request ids' generator.
+        relay::run(sides, &mut up, &mut down, shard.drained(), shard.cfg().websocket_idle_timeout).await
     };
     shutdown_write(&mut conn.stream).await;
     ctx.bytes_in = up.bytes;
@@ -134,10 +142,11 @@ async fn open(
     client: &Client,
     head: &RequestHead,
     ctx: &mut RequestCtx,
+    picked: &Picked,
     upgrade: &ClientUpgrade,
 ) -> Result<Opened, Failure> {
     ctx.attempts += 1;
-    let worker = ctx.chosen.as_ref().expect("picked").worker();
+    let worker = picked.worker();
     // A fresh connection: the upgraded one never goes back to the pool.
     let mut conn = match pool::connect(worker.url.addr).await {
         Ok(c) => c,
@@ -147,7 +156,7 @@ async fn open(
             return Err(worker_error(WorkerCause::Connect(e)));
         }
     };
-    let key = handshake::fresh_key(shard.next_random(), shard.next_random());
+    let key = handshake::fresh_key(crate::random::bytes());
     let bearer;
     let authorization = match head.header(&client.buf, "authorization") {
         Some(v) => v,

@@ -13,6 +13,10 @@
 //! retryable. A streamed body is forwarded as the client sent it (no contract validation, no
 //! alias splice) and gets one attempt: it cannot be replayed.
 //!
+//! A transcription form (`/v1/audio/transcriptions`) streams by the same size rule, but its
+//! model is in the body: `stream_form` reads the form's head for it, and checks
+//! every byte of the form before the worker gets it (the [`Check`] the pump runs).
+//!
 //! The stall clock (`--stream-body-stall-timeout-secs`) runs only while waiting on the
 //! client; while the worker is slow to read, the gateway is not asking the client for bytes
 //! and the clock is paused. A stall answers `408 request_body_stalled`, an upload that ends
@@ -25,22 +29,23 @@ use std::time::Duration;
 use monoio::net::TcpStream;
 
 use super::client::Client;
-use super::ctx::RequestCtx;
+use super::ctx::{Picked, RequestCtx};
 use super::error::{Failure, WorkerCause, WorkerError};
 use super::finish::Outcome;
 use super::pick::pick_worker;
 use super::upstream::{await_head, open, relay_response, upstream_head, AttemptError};
-use crate::api::{ApiError, EndpointSpec};
+use crate::api::{transcriptions, ApiError, EndpointSpec};
 use crate::http::head::{BodyKind, RequestHead};
 use crate::http::respond::CONTINUE;
 use crate::io::{read_into, write_all, Writev2};
 use crate::routing::parse_routing_tokens;
 use crate::shard::Shard;
+use crate::worker_id::WorkerId;
 use crate::workers::breaker::Verdict;
 
 /// The largest read of a streamed body: big enough that a fast upload is a few thousand
 /// reads and writes per 200 MB, small enough that it is all the memory it takes.
-const PUMP: usize = 256 * 1024;
+pub(super) const PUMP: usize = 256 * 1024;
 
 /// Where a body goes, and SMG's `reason` label for it (`smg_router_request_body_path_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,19 +66,25 @@ impl BodyPath {
 
 /// The decision for a request on a route whose body may stream (None for the others), by
 /// the first rule that applies (see the module doc).
+/// A form is routed on its own `model` field, read as it passes, and neither routing keys,
+/// text policies nor a data-parallel rank read or edit a form: only the size rule applies.
 pub fn decide(shard: &Shard, spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Option<BodyPath> {
-    if !spec.body_streams {
+    let form = spec.path == transcriptions::PATH;
+    if !spec.body_streams && !form {
         return None;
     }
     let cfg = shard.cfg();
     let routing = &cfg.routing;
-    if routing.routing_key_override {
+    if routing.routing_key_override && !form {
         return Some(BodyPath::Buffer("routing_key_override"));
     }
-    if routing.policy.uses_text() && head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens).is_none() {
+    if !form
+        && routing.policy.uses_text()
+        && head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens).is_none()
+    {
         return Some(BodyPath::Buffer("policy_needs_text"));
     }
-    if let Some(reason) = shard.snapshot().body_needed {
+    if let Some(reason) = shard.snapshot().body_needed.filter(|_| !form) {
         return Some(BodyPath::Buffer(reason));
     }
     let BodyKind::Length { len } = head.body else { return Some(BodyPath::Buffer("no_content_length")) };
@@ -102,10 +113,10 @@ pub async fn forward(
 ) -> Result<Outcome, Buffer> {
     let Some(model) = shard.snapshot().only_model.clone() else { return Err(Buffer) };
     ctx.model = Some(model);
-    if pick_worker(shard, spec, head, &client.buf, &[], ctx, &[], None).is_err() {
+    let Ok(picked) = pick_worker(shard, spec, head, &client.buf, &[], ctx, &[], None) else {
         ctx.model = None;
         return Err(Buffer);
-    }
+    };
     if let Err(o) = super::reserve::reserve(shard, ctx, len).await {
         return Ok(o);
     }
@@ -114,33 +125,59 @@ pub async fn forward(
     if let Some(slot) = &ctx.slot {
         slot.held().start();
     }
-    Ok(stream(shard, client, head, ctx, len).await)
+    Ok(stream(shard, client, head, ctx, &picked, len, Upload::default()).await)
+}
+
+/// Sees every body byte the pump reads before the worker does; an Err stops the upload
+/// there, so the worker never gets the rest (and its connection is closed).
+pub(super) trait Check {
+    /// The next bytes of the body; `last` when they end it.
+    fn feed(&mut self, bytes: &[u8], last: bool) -> Result<(), Failure>;
+    /// Once the body is all read: the client asked for a streamed answer (which the
+    /// relay does not hold to `--max-payload-size`).
+    fn streaming(&self) -> bool;
+}
+
+/// What a caller that already read part of the body tells [`stream`].
+#[derive(Default)]
+pub(super) struct Upload<'a> {
+    /// Checks the bytes still to come (those already here were checked by the caller).
+    pub check: Option<&'a mut dyn Check>,
+    /// The client already got its `100 Continue`.
+    pub continued: bool,
+    /// Where the client's Content-Type is, when the worker gets it (a form's boundary).
+    pub content_type: Option<std::ops::Range<usize>>,
 }
 
 /// One attempt (two only when a stale pooled socket fails before any byte was taken from
 /// the client): the head with the body bytes already here, the rest pumped as it arrives,
-/// then the worker's answer relayed.
-async fn stream(
+/// then the worker's answer relayed. `len` is the body the worker is told of, and the bytes
+/// here are its start (a caller may have edited them: the client still owes `len - here`).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn stream(
     shard: &Rc<Shard>,
     client: &mut Client,
     head: &RequestHead,
     ctx: &mut RequestCtx,
+    picked: &Picked,
     len: usize,
+    mut upload: Upload<'_>,
 ) -> Outcome {
     let here = (client.buf.len() - head.len).min(len);
     let mut up_head = Vec::with_capacity(512);
     {
-        let worker = ctx.chosen.as_ref().expect("picked").worker();
+        let worker = picked.worker();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);
-        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, &[], len, span, &worker.meta, None);
+        let ct = upload.content_type.as_ref();
+        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, &[], len, span, &worker.meta, ct);
     }
-    let id = ctx.chosen.as_ref().expect("picked").worker().id;
+    let id = picked.worker().id;
     let mut fresh = false;
     loop {
         ctx.attempts += 1;
-        let mut conn = match open(shard, ctx, fresh).await {
+        let mut conn = match open(shard, picked, fresh).await {
             Ok(c) => c,
-            Err(e) => return failed(shard, ctx, e),
+            Err(e) => return failed(ctx, id, e),
         };
         let (res, h, b) = Writev2::write(
             &mut conn.stream,
@@ -157,20 +194,31 @@ async fn stream(
                 fresh = true;
                 continue;
             }
-            return failed(shard, ctx, WorkerError::new(WorkerCause::Write(e), conn.reused).into());
+            return failed(ctx, id, WorkerError::new(WorkerCause::Write(e), conn.reused).into());
         }
         let mut rest = len - here;
         if rest > 0 {
-            if head.expect_continue {
+            if head.expect_continue && !upload.continued {
+                upload.continued = true;
                 let (res, _) = write_all(&mut client.stream, CONTINUE.to_vec()).await;
                 if res.is_err() {
                     return Outcome::ClientGone;
                 }
             }
-            match pump(&mut client.stream, &mut conn.stream, rest, shard.cfg().stream_body_stall).await {
-                Pumped::All => rest = 0,
+            let stall = shard.cfg().stream_body_stall;
+            match pump(&mut client.stream, &mut conn.stream, rest, stall, upload.check.as_deref_mut()).await {
+                Pumped::All => {
+                    rest = 0;
+                    ctx.streaming |= upload.check.as_ref().is_some_and(|c| c.streaming());
+                }
                 Pumped::Stalled => return client_failed(ctx, ApiError::body_stalled()),
                 Pumped::Aborted => return client_failed(ctx, ApiError::body_aborted()),
+                // The worker has part of the body and will never get the rest: its
+                // connection is dropped here, closed.
+                Pumped::Refused(f) => {
+                    ctx.close = true;
+                    return Outcome::Failed(f);
+                }
                 // The worker stopped reading: it may have answered already (a 413 of its own),
                 // and that answer is the one to give. The rest of the body is not read.
                 Pumped::WorkerClosed => ctx.close = true,
@@ -186,7 +234,7 @@ async fn stream(
                 fresh = true;
                 continue;
             }
-            Err(e) => return failed(shard, ctx, e),
+            Err(e) => return failed(ctx, id, e),
         };
         if rest == 0 {
             // The pumped bytes never entered the connection buffer; what follows the body
@@ -195,9 +243,12 @@ async fn stream(
             client.next = head.len;
             ctx.body_unread = false;
         }
-        return match relay_response(shard, client, head, ctx, answered, up_head, watch).await {
+        return match relay_response(shard, client, head, ctx, picked, answered, up_head, watch).await {
             Ok(o) => o,
-            Err((e, _)) => Outcome::Failed(Failure::Worker(e)),
+            Err((e, _)) => {
+                ctx.judge(id, Verdict::Failure);
+                Outcome::Failed(Failure::Worker(e))
+            }
         };
     }
 }
@@ -207,11 +258,19 @@ enum Pumped {
     Stalled,
     Aborted,
     WorkerClosed,
+    Refused(Failure),
 }
 
 /// Copies `rest` body bytes from the client to the worker, one bounded read at a time; the
-/// stall limit applies to each wait on the client.
-async fn pump(from: &mut TcpStream, to: &mut TcpStream, mut rest: usize, stall: Option<Duration>) -> Pumped {
+/// stall limit applies to each wait on the client, and `check` sees each read before it is
+/// written.
+async fn pump(
+    from: &mut TcpStream,
+    to: &mut TcpStream,
+    mut rest: usize,
+    stall: Option<Duration>,
+    mut check: Option<&mut (dyn Check + '_)>,
+) -> Pumped {
     let mut chunk = Vec::with_capacity(PUMP.min(rest));
     while rest > 0 {
         let want = PUMP.min(rest);
@@ -226,6 +285,11 @@ async fn pump(from: &mut TcpStream, to: &mut TcpStream, mut rest: usize, stall: 
         match res {
             Ok(n) if n > 0 => rest -= n,
             _ => return Pumped::Aborted,
+        }
+        if let Some(c) = check.as_deref_mut() {
+            if let Err(f) = c.feed(&chunk, rest == 0) {
+                return Pumped::Refused(f);
+            }
         }
         let (res, b) = write_all(to, chunk).await;
         chunk = b;
@@ -245,11 +309,11 @@ fn client_failed(ctx: &mut RequestCtx, e: ApiError) -> Outcome {
 
 /// An attempt that got no answer: counted against the worker (a refused answer aside), and
 /// final, as a streamed body is not retried.
-fn failed(shard: &Shard, ctx: &mut RequestCtx, e: AttemptError) -> Outcome {
+fn failed(ctx: &mut RequestCtx, worker: WorkerId, e: AttemptError) -> Outcome {
     match e {
         AttemptError::Failed(Failure::Worker(e)) => {
-            if !e.final_answer() {
-                shard.record_outcome(ctx.chosen.as_ref().expect("picked").worker().id, Verdict::Failure);
+            if let Some(v) = e.verdict() {
+                ctx.judge(worker, v);
             }
             if ctx.body_unread {
                 ctx.close = true;

@@ -4,17 +4,18 @@
 //! the pool when it is clean.
 
 use std::ops::Range;
-use std::time::Instant;
 
 use smg_wire::num::put_dec;
 
 use super::client::Client;
-use super::ctx::RequestCtx;
+use super::ctx::{Picked, RequestCtx};
+use super::decisions;
 use super::error::{Failure, InternalError, WorkerCause, WorkerError};
 use super::finish::{announce_close, Outcome};
 use crate::api::{realtime, transcriptions, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
+use crate::http::hop;
 use crate::http::pool::{self, UpstreamConn};
 use crate::http::relay::{relay, RelayEnd, RelayLimits, RelayStats};
 use crate::http::respond::{header_line, Stamp};
@@ -98,6 +99,7 @@ pub fn upstream_head(
         s.write_traceparent(out);
         out.extend_from_slice(b"\r\n");
     }
+    hop::write(out, head.hop.clone().map(|r| &buf[r]));
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(insert);
     skip
@@ -143,18 +145,20 @@ pub struct Plan {
 
 /// One attempt: writes `up_head` and the body, reads the response head. `fresh` skips the
 /// pool. `watch` says whether the client is still worth watching (it has not pipelined).
-pub async fn attempt(
+// The phases' shared state, passed as the other phases take it.
+#[allow(clippy::too_many_arguments)]
+async fn attempt(
     shard: &Shard,
     client: &mut Client,
     ctx: &mut RequestCtx,
+    picked: &Picked,
     up_head: &mut Vec<u8>,
     body: &mut Body,
     plan: Plan,
     watch: &mut bool,
 ) -> Result<Answered, AttemptError> {
     let Plan { skip, fresh } = plan;
-    ctx.attempts += 1;
-    let mut conn = open(shard, ctx, fresh).await?;
+    let mut conn = open(shard, picked, fresh).await?;
     let reused = conn.reused;
     // The body travels through the writev in the buffer that holds it (the connection
     // buffer for a Content-Length body) and comes back for a retry or the next request.
@@ -191,10 +195,76 @@ pub async fn attempt(
     await_head(shard, client, ctx, conn, watch).await
 }
 
+/// The request as HTTP workers take it: the client's head rewritten for the picked worker
+/// (made again per attempt, in a buffer kept across attempts), and for Decisions on an
+/// SGLang worker, the System One body (made when one is first picked).
+pub struct HttpRequest {
+    pub up_head: Vec<u8>,
+    content_type: Option<Range<usize>>,
+    decisions: bool,
+    systemone: Option<decisions::Translated>,
+}
+
+impl HttpRequest {
+    pub fn new(spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Self {
+        HttpRequest {
+            up_head: Vec::with_capacity(512),
+            content_type: client_content_type(spec, head, buf),
+            decisions: spec.schema == Some(crate::contract::Endpoint::Decisions),
+            systemone: None,
+        }
+    }
+
+    /// The picked worker is sent the System One body instead of the client's.
+    pub fn translates(&self, picked: &Picked) -> bool {
+        self.decisions && picked.worker().meta.runtime == crate::workers::snapshot::Runtime::Sglang
+    }
+
+    /// How to map the System One reply (once translated).
+    pub fn plan(&self) -> Option<&crate::api::decisions::Plan> {
+        self.systemone.as_ref().map(|t| &t.plan)
+    }
+
+    /// Phase: attempt, on an HTTP worker (picked): the head for it, then [`attempt`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn attempt(
+        &mut self,
+        shard: &Shard,
+        client: &mut Client,
+        head: &RequestHead,
+        ctx: &mut RequestCtx,
+        picked: &Picked,
+        body: &mut Body,
+        fresh: bool,
+        watch: &mut bool,
+    ) -> Result<Answered, AttemptError> {
+        let translate = self.translates(picked);
+        if translate && self.systemone.is_none() {
+            let t = decisions::translate(body.bytes(&client.buf), ctx.model.as_deref().unwrap_or(""))
+                .map_err(AttemptError::Failed)?;
+            self.systemone = Some(t);
+        }
+        let worker = picked.worker();
+        self.up_head.clear();
+        let span = ctx.span.as_ref().map(|(ids, _)| ids);
+        let sent: &mut Body = match self.systemone.as_mut() {
+            Some(t) if translate => &mut t.body,
+            _ => body,
+        };
+        let bytes = sent.bytes(&client.buf);
+        let (authority, ct) = (&worker.url.authority, self.content_type.as_ref());
+        let skip =
+            upstream_head(&mut self.up_head, head, &client.buf, authority, bytes, bytes.len(), span, &worker.meta, ct);
+        if translate {
+            decisions::retarget(&mut self.up_head, head.target.len());
+        }
+        attempt(shard, client, ctx, picked, &mut self.up_head, sent, Plan { skip, fresh }, watch).await
+    }
+}
+
 /// The chosen worker's connection: a pooled one unless `fresh`, else a new one.
-pub async fn open(shard: &Shard, ctx: &RequestCtx, fresh: bool) -> Result<UpstreamConn, AttemptError> {
-    let chosen = ctx.chosen.as_ref().expect("pick ran");
-    let (id, addr) = (chosen.worker().id, chosen.worker().url.addr);
+pub async fn open(shard: &Shard, picked: &Picked, fresh: bool) -> Result<UpstreamConn, AttemptError> {
+    let (id, addr) = (picked.worker().id, picked.worker().url.addr);
     if let Some(c) = (!fresh).then(|| shard.take_conn(id)).flatten() {
         return Ok(c);
     }
@@ -223,7 +293,7 @@ pub async fn await_head(
     match read_response_head(&mut conn, &client.stream, watch, shard.cfg().request_timeout).await {
         Ok(h) => {
             if shard.accounting() {
-                ctx.timings.upstream_head = Some(Instant::now());
+                ctx.timings.upstream_head = Some(crate::clock::now());
             }
             let max = shard.cfg().max_payload_size;
             if let (ResponseBody::Length { len }, false) = (h.body, ctx.streaming) {
@@ -245,18 +315,19 @@ pub async fn await_head(
 /// when the response ended cleanly on a connection the worker keeps open. Err: the worker
 /// failed before a byte reached the client (its outcome is recorded), with the head buffer
 /// back for another attempt.
+#[allow(clippy::too_many_arguments)]
 pub async fn relay_response(
     shard: &Shard,
     client: &mut Client,
     head: &RequestHead,
-    ctx: &RequestCtx,
+    ctx: &mut RequestCtx,
+    picked: &Picked,
     answered: Answered,
     spare: Vec<u8>,
     watch: bool,
 ) -> Result<Outcome, (WorkerError, Vec<u8>)> {
     let Answered { mut conn, head: rhead } = answered;
-    let chosen = ctx.chosen.as_ref().expect("pick ran");
-    let worker = chosen.worker();
+    let worker = picked.worker();
     let date = shard.date();
     let stamp =
         Stamp { request_id: &ctx.request_id, date: &date, close: announce_close(ctx, Some(head)), http10: ctx.http10 };
@@ -273,10 +344,15 @@ pub async fn relay_response(
     stats.cap = (!ctx.streaming).then_some(shard.cfg().max_payload_size as u64);
     let (end, spare) =
         relay(&mut client.stream, &mut conn, &rhead, &extra, stamp, spare, watch, limits, &mut stats).await;
-    let verdict = if let RelayEnd::Worker { .. } = end { Verdict::Failure } else { Verdict::of_status(rhead.status) };
-    shard.record_outcome(worker.id, verdict);
+    let id = worker.id;
     match end {
-        RelayEnd::Done { reusable: true } => shard.put_conn(worker.id, conn),
+        // Judged by the retry edge, which takes it.
+        RelayEnd::Worker { sent: false, .. } => {}
+        RelayEnd::Worker { .. } => ctx.judge(id, Verdict::Failure),
+        _ => ctx.judge(id, Verdict::of_status(rhead.status)),
+    }
+    match end {
+        RelayEnd::Done { reusable: true } => shard.put_conn(id, conn),
         RelayEnd::Worker { why, sent: false } => {
             // Nothing reached the client: the retry edge may still take it elsewhere.
             let e = WorkerError { cause: WorkerCause::BadBody(why), reused: conn.reused, sent: false };

@@ -24,7 +24,7 @@ pub struct TokenizerConfig {
 impl TokenizerConfig {
     /// Parses the JSON text of a `tokenizer_config.json`.
     pub fn parse(json: &str) -> Result<Self, String> {
-        let v: sonic_rs::Value = sonic_rs::from_str(json).map_err(|e| format!("tokenizer_config.json: {e}"))?;
+        let v = crate::bounded_json::value(json.as_bytes()).map_err(|e| format!("tokenizer_config.json: {e}"))?;
         if !v.is_object() {
             return Err("tokenizer_config.json: not an object".into());
         }
@@ -78,6 +78,12 @@ fn token_text(v: &sonic_rs::Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deep_config_is_an_error_not_a_stack_overflow() {
+        let deep = format!(r#"{{"eos_token":"</s>","x":{}{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        assert!(TokenizerConfig::parse(&deep).unwrap_err().contains("recursion limit exceeded"));
+    }
 
     #[test]
     fn reads_strings_objects_and_named_templates() {

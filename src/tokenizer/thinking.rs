@@ -37,6 +37,24 @@ pub struct ThinkingAsk<'a> {
     pub kind: Option<&'a str>,
 }
 
+impl<'a> ThinkingAsk<'a> {
+    /// What a chat body asks (validated by the contract, which already turned a numeric
+    /// `reasoning_effort` into its decimal string).
+    pub fn of_body(body: &'a sonic_rs::Value) -> Self {
+        use sonic_rs::JsonValueTrait;
+        let thinking = body.get("thinking");
+        let effort = thinking
+            .and_then(|t| t.get("effort"))
+            .and_then(|e| e.as_str())
+            .or_else(|| body.get("reasoning_effort").and_then(|v| v.as_str()));
+        ThinkingAsk {
+            kwargs: body.get("chat_template_kwargs").filter(|v| v.is_object()),
+            effort,
+            kind: thinking.and_then(|t| t.get("type")).and_then(|t| t.as_str()),
+        }
+    }
+}
+
 impl ThinkingStyle {
     /// Reads `source` (the heuristics SMG's template detection uses for the toggle: the
     /// variable's name and an explicit `set … = false` default).

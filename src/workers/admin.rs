@@ -17,9 +17,9 @@ use super::breaker::BreakerState;
 use super::fleet::{Entry, Fleet, RegisterError, WorkerSpec};
 use super::probe;
 use super::snapshot::Runtime;
-#[cfg(test)]
-use super::uuid::uuid_v7;
 use super::WorkerUrl;
+#[cfg(test)]
+use crate::uuid::uuid_v7;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdminMethod {
@@ -73,6 +73,11 @@ fn json(status: u16, body: Vec<u8>) -> AdminReply {
     AdminReply { status, content_type: "application/json", body, location: None, api_error: None }
 }
 
+/// What a request whose handling panicked gets (the panic itself is logged where caught).
+pub fn panicked() -> AdminReply {
+    error(500, "INTERNAL_ERROR", "the control thread failed on this request; see the gateway's log")
+}
+
 /// SMG's worker-API error body.
 fn error(status: u16, code: &str, msg: &str) -> AdminReply {
     let mut b = b"{\"error\":".to_vec();
@@ -108,6 +113,18 @@ pub fn handle(fleet: &mut Fleet, req: AdminRequest, now: Instant) -> (Answer, bo
     use AdminMethod::*;
     let path = req.path.strip_prefix("/v1").filter(|p| p.starts_with("/workers")).unwrap_or(&req.path);
     let now_answer = |r| (Answer::Now(r), false);
+    // Fault hooks for the control thread's panic isolation test; not in release builds.
+    #[cfg(debug_assertions)]
+    match req.query.as_str() {
+        "smg_debug_panic=now" => panic!("deliberate panic in an admin request (debug builds only)"),
+        "smg_debug_panic=later" => {
+            return (
+                Answer::Later(Box::pin(async { panic!("deliberate panic in an admin task (debug builds only)") })),
+                false,
+            )
+        }
+        _ => {}
+    }
     match (req.method, path) {
         (Post, "/workers") => register(fleet, &req.body, now),
         (Get, "/workers") => now_answer(list(fleet, &req.query)),
@@ -146,7 +163,13 @@ fn register(fleet: &mut Fleet, body: &[u8], now: Instant) -> (Answer, bool) {
             );
             (Answer::Now(error(409, "WORKER_ALREADY_EXISTS", &msg)), false)
         }
-        Err(RegisterError::BadUrl(why)) => (Answer::Now(error(400, "BAD_REQUEST", &why)), false),
+        Err(RegisterError::Full) => {
+            let msg = format!("{} workers are registered: the most this gateway holds", super::fleet::MAX_WORKERS);
+            (Answer::Now(error(503, "SERVICE_UNAVAILABLE", &msg)), false)
+        }
+        Err(RegisterError::BadUrl(why) | RegisterError::OwnListener(why)) => {
+            (Answer::Now(error(400, "BAD_REQUEST", &why)), false)
+        }
     }
 }
 
@@ -170,7 +193,7 @@ fn one(fleet: &mut Fleet, m: AdminMethod, raw: &str, body: &[u8], now: Instant) 
             (Answer::Now(accepted(raw, "Worker removal queued for background processing", None)), true)
         }
         AdminMethod::Patch => {
-            let v: Value = match sonic_rs::from_slice(body) {
+            let v: Value = match crate::bounded_json::value(body) {
                 Ok(v) => v,
                 Err(e) => return now_answer(error(400, "BAD_REQUEST", &format!("Invalid JSON: {e}"))),
             };
@@ -338,7 +361,7 @@ fn info(b: &mut Vec<u8>, e: &Entry) {
 /// SMG's WorkerSpec: `url` required; `models[0].id` (or `model_id`) pins the model.
 fn parse_spec(body: &[u8]) -> Result<WorkerSpec, AdminReply> {
     let v: Value =
-        sonic_rs::from_slice(body).map_err(|e| error(400, "BAD_REQUEST", &format!("Invalid JSON body: {e}")))?;
+        crate::bounded_json::value(body).map_err(|e| error(400, "BAD_REQUEST", &format!("Invalid JSON body: {e}")))?;
     if !v.is_object() {
         return Err(error(422, "BAD_REQUEST", "expected a JSON object"));
     }
@@ -358,18 +381,32 @@ fn parse_spec(body: &[u8]) -> Result<WorkerSpec, AdminReply> {
     Ok(spec)
 }
 
+/// Refuses a value that would end or split a header line where the gateway writes it (the
+/// worker's `authorization`, the model and labels in headers and logs): CR, LF and NUL.
+fn header_safe(field: &str, s: &str) -> Result<(), String> {
+    if s.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+        return Err(format!("`{field}` must not contain CR, LF or NUL"));
+    }
+    Ok(())
+}
+
 /// The optional fields of a spec or a PATCH.
 fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
     let string = |name: &str| -> Result<Option<String>, String> {
         match v.get(name) {
             None => Ok(None),
             Some(x) if x.is_null() => Ok(None),
-            Some(x) => x.as_str().map(|s| Some(s.to_string())).ok_or_else(|| format!("`{name}` must be a string")),
+            Some(x) => {
+                let s = x.as_str().ok_or_else(|| format!("`{name}` must be a string"))?;
+                header_safe(name, s)?;
+                Ok(Some(s.to_string()))
+            }
         }
     };
     if let Some(models) = v.get("models") {
         let arr = models.as_array().ok_or("`models` must be an array")?;
         spec.model_id = arr.first().and_then(|m| m.get("id")).and_then(|id| id.as_str()).map(Into::into);
+        header_safe("models[0].id", spec.model_id.as_deref().unwrap_or(""))?;
     }
     if let Some(m) = string("model_id")? {
         spec.model_id = Some(m);
@@ -394,6 +431,8 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
         spec.labels.clear();
         for (k, val) in obj.iter() {
             let val = val.as_str().ok_or("label values must be strings")?;
+            header_safe("labels", k)?;
+            header_safe("labels", val)?;
             spec.labels.push((k.to_string(), val.to_string()));
         }
     }
@@ -405,9 +444,8 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
     }
     if let Some(h) = v.get("health") {
         if let Some(i) = h.get("check_interval_secs") {
-            let secs =
-                i.as_u64().filter(|s| *s > 0).ok_or("`health.check_interval_secs` must be a positive integer")?;
-            spec.health_interval = Some(Duration::from_secs(secs));
+            let secs = i.as_u64().ok_or("`health.check_interval_secs` must be a positive integer")?;
+            spec.health_interval = Some(crate::duration::secs("`health.check_interval_secs`", secs, 1)?);
         }
         if let Some(d) = h.get("disable_health_check") {
             spec.health_disabled = Some(d.as_bool().ok_or("`health.disable_health_check` must be a boolean")?);
@@ -434,6 +472,7 @@ async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duratio
         .into_iter()
         .map(|(u, key)| {
             tokio::spawn(async move {
+                let _place = super::sockets::place().await;
                 // gRPC workers flush through the scheduler API's FlushCache.
                 let outcome = if u.grpc {
                     super::grpc_probe::flush_cache(&u, timeout).await
@@ -504,6 +543,7 @@ async fn get_loads(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration)
         .into_iter()
         .map(|(u, key)| {
             tokio::spawn(async move {
+                let _place = super::sockets::place().await;
                 // gRPC workers answer GetLoads; their details take the HTTP /v1/loads shape.
                 if u.grpc {
                     let r = super::grpc_probe::load_details(&u, timeout).await;
@@ -514,7 +554,7 @@ async fn get_loads(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration)
                 let details = r
                     .ok()
                     .filter(|r| (200..300).contains(&r.status))
-                    .and_then(|r| sonic_rs::from_slice::<Value>(&r.body).ok());
+                    .and_then(|r| crate::bounded_json::value(&r.body).ok());
                 (u.url, details)
             })
         })
@@ -566,6 +606,7 @@ async fn pass_through(first: Option<(WorkerUrl, Option<String>)>, path: String) 
             api_error: None,
         };
     }
+    let _place = super::sockets::place().await;
     match probe::request(&url, "GET", &path, None, key.as_deref(), Duration::from_secs(30)).await {
         Ok(r) => json(r.status, r.body),
         Err(error) => gateway_error(ReplyError::Unreachable { worker: url.url, error }),

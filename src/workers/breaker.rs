@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn opens_on_consecutive_failures_only() {
         let mut b = Breaker::new();
-        let t = Instant::now();
+        let t = crate::clock::now();
         assert_eq!(b.record(Verdict::Failure, &CFG, t), None);
         assert_eq!(b.record(Verdict::Failure, &CFG, t), None);
         assert_eq!(b.record(Verdict::Success, &CFG, t), None, "a success resets the run");
@@ -183,7 +183,7 @@ mod tests {
     #[test]
     fn half_opens_after_timeout_then_closes_or_reopens() {
         let mut b = Breaker::new();
-        let t = Instant::now();
+        let t = crate::clock::now();
         for _ in 0..3 {
             b.record(Verdict::Failure, &CFG, t);
         }

@@ -41,6 +41,7 @@ pub fn start(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig) -> 
     let (tx, rx) = flume::unbounded::<ControlMsg>();
     std::thread::Builder::new()
         .name("smg-control".into())
+        .stack_size(crate::bounded_json::THREAD_STACK)
         .spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build();
             match rt {
@@ -54,7 +55,7 @@ pub fn start(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig) -> 
 
 async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx: flume::Receiver<ControlMsg>) {
     let mut fleet = Fleet::new(cfg);
-    let now = Instant::now();
+    let now = crate::clock::now();
     for spec in initial {
         if let Err(e) = fleet.register(spec, now) {
             crate::warn!("--worker-urls: {e:?}");
@@ -63,7 +64,7 @@ async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx:
     let (done_tx, done_rx) = flume::unbounded::<Done>();
     registry.store(Arc::new(fleet.snapshot()));
     loop {
-        let now = Instant::now();
+        let now = crate::clock::now();
         start_due(&mut fleet, now, &done_tx);
         let mut dirty = fleet.on_time(now);
         let wake = fleet.next_deadline().unwrap_or(now + Duration::from_secs(1)).max(now);
@@ -73,7 +74,7 @@ async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx:
                 Err(_) => return,
             },
             d = done_rx.recv_async() => {
-                let now = Instant::now();
+                let now = crate::clock::now();
                 dirty |= match d.expect("the loop holds a sender") {
                     Done::Probe(id, r) => fleet.on_probe(id, r, now),
                     Done::Load(id, l) => fleet.on_load(id, l),
@@ -92,7 +93,7 @@ async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx:
 }
 
 fn on_message(fleet: &mut Fleet, m: ControlMsg, done: &flume::Sender<Done>) -> bool {
-    let now = Instant::now();
+    let now = crate::clock::now();
     match m {
         ControlMsg::ConnectFailed(id) => {
             if let Some(e) = fleet.get_mut(id) {
@@ -112,14 +113,21 @@ fn on_message(fleet: &mut Fleet, m: ControlMsg, done: &flume::Sender<Done>) -> b
             false
         }
         ControlMsg::Admin { req, reply } => {
-            let (answer, changed) = admin::handle(fleet, req, now);
+            let what = format!("{:?} {}", req.method, req.path);
+            // A bug in one admin request ends that request with a 500, never this thread:
+            // every worker's health, loads and breakers live here.
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| admin::handle(fleet, req, now)));
+            let (answer, changed) = handled.unwrap_or_else(|p| {
+                crate::error!("control thread: admin request {what} panicked: {}", panic_text(&p));
+                (admin::Answer::Now(admin::panicked()), true)
+            });
             match answer {
                 admin::Answer::Now(r) => {
                     let _ = reply.try_send(r);
                 }
                 admin::Answer::Later(task) => {
-                    tokio::spawn(async move {
-                        let _ = reply.try_send(task.await);
+                    spawn_caught(what, task, admin::panicked(), move |r| {
+                        let _ = reply.try_send(r);
                     });
                 }
             }
@@ -147,12 +155,17 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
             let check = checks && !e.spec.health_disabled.unwrap_or(false);
             let endpoint = endpoint.clone();
             let source = source.clone();
-            tokio::spawn(async move {
-                let r = if url.grpc {
+            let what = format!("health check of {}", url.url);
+            let probe = async move {
+                let _place = super::sockets::place().await;
+                if url.grpc {
                     check_grpc_worker(&url, &source, check, discover, timeout).await
                 } else {
                     check_worker(&url, &endpoint, check, discover, timeout).await
-                };
+                }
+            };
+            // A probe that panics counts as failed, so the worker is probed again.
+            spawn_caught(what, probe, ProbeResult::default(), move |r| {
                 let _ = done.send(Done::Probe(id, r));
             });
         }
@@ -161,22 +174,50 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
                 e.next_load_poll = now + every;
                 let (id, url, done) = (e.id, e.base.clone(), done.clone());
                 let rank = e.dp_rank;
-                tokio::spawn(async move {
+                let what = format!("load poll of {}", url.url);
+                let poll = async move {
+                    let _place = super::sockets::place().await;
                     if url.grpc {
-                        let load = grpc_probe::loads(&url, rank, timeout).await;
-                        let _ = done.send(Done::Load(id, load));
-                        return;
+                        return grpc_probe::loads(&url, rank, timeout).await;
                     }
-                    let load = probe::get(&url, "/v1/loads", timeout)
+                    probe::get(&url, "/v1/loads", timeout)
                         .await
                         .ok()
                         .filter(|r| (200..300).contains(&r.status))
-                        .and_then(|r| crate::routing::parse_engine_load(&r.body, rank));
+                        .and_then(|r| crate::routing::parse_engine_load(&r.body, rank))
+                };
+                spawn_caught(what, poll, None, move |load| {
                     let _ = done.send(Done::Load(id, load));
                 });
             }
         }
     }
+}
+
+/// Runs `task` as a task of the loop and hands its result to `then`; a task that panics
+/// (tokio catches it) is logged and hands over `on_panic` instead, so whoever waits on it
+/// (an admin client, the loop's probe bookkeeping) is answered.
+fn spawn_caught<T: Send + 'static>(
+    what: String,
+    task: impl std::future::Future<Output = T> + Send + 'static,
+    on_panic: T,
+    then: impl FnOnce(T) + Send + 'static,
+) {
+    let handle = tokio::spawn(task);
+    tokio::spawn(async move {
+        match handle.await {
+            Ok(v) => then(v),
+            Err(e) => {
+                let why = e.try_into_panic().map(|p| panic_text(&p)).unwrap_or_else(|e| e.to_string());
+                crate::error!("control thread: {what} panicked: {why}");
+                then(on_panic);
+            }
+        }
+    });
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default()
 }
 
 /// One health check: the endpoint (unless checks are off), then discovery until it has

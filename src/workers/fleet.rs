@@ -2,6 +2,7 @@
 //! registration, owned by the control thread alone. Every change goes through a method
 //! here, which says whether routing must see it; [`Fleet::snapshot`] is what shards get.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,8 @@ pub struct FleetConfig {
     pub shards: usize,
     /// gRPC workers' tokenizer, when the operator names one (`--tokenizer-path`/`--model-path`).
     pub tokenizer: crate::grpc::model::TokenizerSource,
+    /// The gateway's own listeners (serving, metrics): no worker may be one of them.
+    pub own_listeners: Vec<SocketAddr>,
 }
 
 /// SMG's overload rule: a worker is overloaded when its waiting requests (summed over its
@@ -182,7 +185,16 @@ pub struct Discovery {
 pub enum RegisterError {
     Duplicate(WorkerId),
     BadUrl(String),
+    /// The URL is one of the gateway's own listeners: every request would loop.
+    OwnListener(String),
+    /// [`MAX_WORKERS`] entries are registered already.
+    Full,
 }
+
+/// Most entries (workers, or data-parallel ranks) the fleet holds. Every change rebuilds a
+/// Snapshot of all of them for the shards, so the table is kept to a size where that stays
+/// cheap; a registration past it is refused (503).
+pub const MAX_WORKERS: usize = 16_384;
 
 pub struct Fleet {
     pub cfg: FleetConfig,
@@ -238,7 +250,16 @@ impl Fleet {
     /// Registers a worker (Pending until its first health check passes, Ready at once with
     /// health checks off once discovery found its model).
     pub fn register(&mut self, spec: WorkerSpec, now: Instant) -> Result<WorkerId, RegisterError> {
+        if self.entries.len() >= MAX_WORKERS {
+            return Err(RegisterError::Full);
+        }
         let url = WorkerUrl::parse(&spec.url).map_err(RegisterError::BadUrl)?;
+        if let Some(own) = self.cfg.own_listeners.iter().find(|own| is_listener(own, url.addr)) {
+            return Err(RegisterError::OwnListener(format!(
+                "worker URL '{}' is this gateway's own listener {own}: every request would come back to it",
+                url.url
+            )));
+        }
         if let Some(e) = self.entries.iter().find(|e| e.base.url == url.url) {
             return Err(RegisterError::Duplicate(e.id));
         }
@@ -260,7 +281,7 @@ impl Fleet {
         let runtime = spec.runtime.unwrap_or_default();
         let mut e = Entry {
             id,
-            uuid: super::uuid::uuid_v7(),
+            uuid: crate::uuid::uuid_v7(),
             url,
             base,
             model: spec.model_id.clone(),
@@ -456,7 +477,8 @@ impl Fleet {
                 let probe = (!e.probing && e.draining_since.is_none()).then_some(e.next_probe);
                 let reopen = breaker.as_ref().and_then(|c| e.breaker.reopens_at(c));
                 // A draining worker is looked at every 100 ms until its requests are done.
-                let drain = e.draining_since.map(|t| (t + settle).max(Instant::now() + Duration::from_millis(100)));
+                let drain =
+                    e.draining_since.map(|t| (t + settle).max(crate::clock::now() + Duration::from_millis(100)));
                 let load = self.cfg.load_interval.map(|_| e.next_load_poll);
                 [probe, reopen, drain, load]
             })
@@ -567,9 +589,40 @@ fn log_breaker(e: &Entry, s: BreakerState) {
     }
 }
 
+/// Whether `addr` reaches the listener `own`: the same port, and the same address, or any
+/// address of this host when the listener is bound to all of them (an address is this
+/// host's when a socket can be bound to it).
+fn is_listener(own: &SocketAddr, addr: SocketAddr) -> bool {
+    if own.port() != addr.port() {
+        return false;
+    }
+    let ip = addr.ip();
+    if own.ip() == ip || (own.ip().is_loopback() && ip.is_loopback()) {
+        return true;
+    }
+    own.ip().is_unspecified()
+        && (ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gateways_own_listeners_are_not_workers() {
+        let mut f = Fleet::new(cfg());
+        let t = crate::clock::now();
+        for url in
+            ["http://127.0.0.1:30000", "http://localhost:30000", "http://127.0.0.2:30000", "http://0.0.0.0:30000"]
+        {
+            assert!(matches!(f.register(WorkerSpec::from_url(url), t), Err(RegisterError::OwnListener(_))), "{url}");
+        }
+        assert!(f.register(WorkerSpec::from_url("http://127.0.0.1:30001"), t).is_ok());
+        // A listener on one address leaves the others' same port to workers.
+        let one: SocketAddr = "127.0.0.1:30000".parse().unwrap();
+        assert!(!is_listener(&"10.9.9.9:30000".parse().unwrap(), one.to_string().parse().unwrap()));
+        assert!(is_listener(&one, "127.0.0.3:30000".parse().unwrap()), "loopback is one host");
+    }
 
     fn cfg() -> FleetConfig {
         FleetConfig {
@@ -590,6 +643,7 @@ mod tests {
             dp_aware: true,
             shards: 2,
             tokenizer: Default::default(),
+            own_listeners: vec!["0.0.0.0:30000".parse().unwrap()],
         }
     }
 
@@ -613,7 +667,7 @@ mod tests {
 
     #[test]
     fn registers_once_routes_when_ready_and_breaker_takes_it_out() {
-        let t = Instant::now();
+        let t = crate::clock::now();
         let mut f = Fleet::new(cfg());
         let a = f.register(spec("http://127.0.0.1:9001"), t).unwrap();
         assert_eq!(f.register(spec("http://127.0.0.1:9001/"), t), Err(RegisterError::Duplicate(a)));
@@ -633,7 +687,7 @@ mod tests {
 
     #[test]
     fn dp_ranks_drain_and_overload() {
-        let t = Instant::now();
+        let t = crate::clock::now();
         let mut f = Fleet::new(cfg());
         let a = f.register(spec("http://127.0.0.1:9002"), t).unwrap();
         assert!(f.on_probe(a, up("m", Some(2)), t), "expanded into ranks");

@@ -9,9 +9,9 @@ pub mod fleet;
 pub mod grpc_probe;
 pub mod probe;
 pub mod snapshot;
+mod sockets;
 pub mod status;
 mod url;
-mod uuid;
 
 pub use snapshot::{Candidates, Registry, Snapshot, Worker};
 pub use url::{WorkerId, WorkerUrl};

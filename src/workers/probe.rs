@@ -142,9 +142,8 @@ fn parse_at_eof(raw: &[u8]) -> Option<ProbeResponse> {
 /// answer (vLLM), else a `/server_info` answer (SGLang), else external; the data-parallel
 /// size and batch capacity from SGLang's server info. None until the model is known.
 pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery> {
-    let json = |r: ProbeResponse| {
-        (200..300).contains(&r.status).then(|| sonic_rs::from_slice::<sonic_rs::Value>(&r.body).ok()).flatten()
-    };
+    let json =
+        |r: ProbeResponse| (200..300).contains(&r.status).then(|| crate::bounded_json::value(&r.body).ok()).flatten();
     let models = get(worker, "/v1/models", timeout).await.ok().and_then(json);
     let first = models.as_ref().map(|v| &v["data"][0]);
     let mut model = first.and_then(|m| m["id"].as_str()).filter(|s| !s.is_empty()).map(str::to_string);

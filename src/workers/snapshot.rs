@@ -95,7 +95,8 @@ pub struct Snapshot {
     pub models_body: Option<Vec<u8>>,
     /// Why a request body must be read to route on this fleet whatever the request says
     /// (several models: the body names one; data-parallel workers: their rank is spliced
-    /// in), as the streamed-body decision's reason label; None when nothing here requires it.
+    /// in; gRPC workers: it is tokenized), as the streamed-body decision's reason label;
+    /// None when nothing here requires it.
     pub body_needed: Option<&'static str>,
     /// The fleet's one model, when it has exactly one.
     pub only_model: Option<String>,
@@ -158,14 +159,16 @@ impl Snapshot {
         let all: Vec<usize> = (0..workers.len()).collect();
         let healthy = routable(&all);
         let only_model = (by_model.len() == 1).then(|| by_model.keys().next().cloned()).flatten();
+        let any_grpc = workers.iter().any(|w| w.url.grpc);
+        // A gRPC worker takes token ids the gateway makes from the whole body: streaming one
+        // to it would write HTTP/1.1 to its HTTP/2 port.
         let body_needed = if by_model.len() > 1 {
             Some("model_ambiguous")
-        } else if workers.iter().any(|w| w.meta.dp_rank.is_some()) {
+        } else if any_grpc || workers.iter().any(|w| w.meta.dp_rank.is_some()) {
             Some("worker_mutates_body")
         } else {
             None
         };
-        let any_grpc = workers.iter().any(|w| w.url.grpc);
         Snapshot { generation, workers, healthy_by_model, healthy, models_body, body_needed, only_model, any_grpc }
     }
 

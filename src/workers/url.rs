@@ -2,18 +2,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
-/// A worker's name for as long as it is registered: handed out once by the control thread,
-/// never reused, and independent of where the worker sits in a Snapshot, so per-shard pools
-/// and load tables keyed by it stay right while workers come and go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WorkerId(pub u32);
-
-impl WorkerId {
-    /// For tables indexed by id (ids are dense: handed out in order from 0).
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
+pub use crate::worker_id::WorkerId;
 
 /// A worker as given on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +27,10 @@ impl WorkerUrl {
             (_, Some(r)) => (r, true),
             _ => return Err(format!("'{raw}': only http:// and grpc:// worker URLs are supported")),
         };
+        // The authority goes into Host headers: no byte that could end or split a line.
+        if rest.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+            return Err(format!("'{}': control characters or spaces in a worker URL", raw.escape_debug()));
+        }
         if rest.is_empty() || rest.contains('/') || rest.contains('@') {
             return Err(format!("'{raw}': expected http://host[:port] or grpc://host[:port]"));
         }
@@ -68,6 +61,8 @@ mod tests {
         assert_eq!(w.addr.port(), 8000);
         assert_eq!(w.authority, "127.0.0.1:8000");
         assert_eq!(WorkerUrl::parse("http://127.0.0.1").unwrap().addr.port(), 80);
+        assert!(WorkerUrl::parse("http://127.0.0.1:80\r\nx-a: b").is_err());
+        assert!(WorkerUrl::parse("http://127.0.0.1:80\0").is_err());
         assert!(WorkerUrl::parse("https://x:1").is_err());
         let g = WorkerUrl::parse("grpc://127.0.0.1:9000").unwrap();
         assert!(g.grpc && !w.grpc);

@@ -1,5 +1,7 @@
 //! Test fixtures: the real `smg` binary on loopback, a scriptable fake worker, and a raw
 //! HTTP/1.1 client. Every test builds its own world on ephemeral ports.
+// clippy.toml's house rules are the gateway's: a test's threads are not shards and may block and lock.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 #![allow(dead_code)]
 pub mod admit;
 pub mod redis_server;
@@ -55,7 +57,12 @@ pub fn both_drivers(f: impl Fn(bool)) {
 /// `smg launch --host 127.0.0.1 --port <free port> ARGS` under one driver, without the
 /// environment variables tests set on purpose (`CONTROL_PLANE_API_KEYS`).
 pub fn launch_command(legacy: bool, args: &[&str]) -> (Command, u16) {
-    let port = free_port();
+    launch_command_at(legacy, free_port(), args)
+}
+
+/// [`launch_command`] on a port chosen beforehand (a test that points something at the
+/// gateway before it starts).
+pub fn launch_command_at(legacy: bool, port: u16, args: &[&str]) -> (Command, u16) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg"));
     cmd.arg("launch").args(["--host", "127.0.0.1", "--port", &port.to_string()]).args(args);
     cmd.env_remove("CONTROL_PLANE_API_KEYS");
@@ -300,7 +307,10 @@ impl FakeWorker {
                 let Ok(s) = s else { continue };
                 st.accepted.fetch_add(1, Ordering::SeqCst);
                 let (st, m) = (Arc::clone(&st), m.clone());
-                std::thread::spawn(move || serve(s, n, &st, &m));
+                // sonic-rs reads a body at the gateway's depth limit by recursion: a debug
+                // build needs more than the default 2 MiB for it (src/bounded_json.rs).
+                let thread = std::thread::Builder::new().stack_size(16 << 20);
+                thread.spawn(move || serve(s, n, &st, &m)).unwrap();
             }
         });
         FakeWorker { port, model: model.to_string(), state }

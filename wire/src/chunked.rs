@@ -1,9 +1,21 @@
-//! Chunked transfer coding (RFC 9112 §7.1): one state machine for every direction.
+//! Chunked transfer coding (RFC 9112 §7.1): one state machine for every direction, and
+//! the one encoder ([`put_chunk`]) for bodies the gateway frames itself.
 //!
 //! The gateway decodes request bodies into a buffer (the worker receives the same payload
 //! bytes with a Content-Length) and scans worker responses without output, only to find where
 //! the message ends while the raw bytes are relayed untouched. The simulator and the load
 //! generator decode through a sink.
+
+/// Appends `data` as one chunk (nothing for empty data: an empty chunk would end the body).
+pub fn put_chunk(out: &mut Vec<u8>, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    crate::num::put_hex(out, data.len() as u64);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
 
 /// Longest chunk extension we skip before calling the framing malformed.
 const MAX_EXTENSION: usize = 1024;
@@ -208,6 +220,20 @@ mod tests {
     use super::*;
 
     const WIRE: &[u8] = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-T: 1\r\n\r\nNEXT";
+
+    #[test]
+    fn the_encoder_writes_what_the_decoder_reads() {
+        let mut wire = Vec::new();
+        for piece in [&b"hello"[..], b"", &[7u8; 300][..]] {
+            put_chunk(&mut wire, piece);
+        }
+        assert!(wire.starts_with(b"5\r\nhello\r\n12c\r\n"), "{:?}", String::from_utf8_lossy(&wire[..12]));
+        wire.extend_from_slice(b"0\r\n\r\n");
+        let (mut d, mut out) = (ChunkedDecoder::new(), Vec::new());
+        assert_eq!(d.feed(&wire, Some(&mut out)).unwrap(), wire.len());
+        assert!(d.is_done());
+        assert_eq!(out.len(), 305);
+    }
 
     #[test]
     fn decodes_split_at_every_offset() {

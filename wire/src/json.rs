@@ -1,5 +1,86 @@
 //! JSON string literals: the one escaper the gateway (error envelopes, model lists, logs,
 //! contract splices) and the tools (simulated responses, scenario bodies) all write with.
+//! And the nesting bound every reader of untrusted JSON checks before a recursive parser
+//! (sonic-rs's values and lazy skips recurse per level) sees the bytes.
+
+/// Deepest array/object nesting any reader accepts: `serde_json`'s default recursion limit,
+/// which SMG's own readers inherit.
+pub const MAX_DEPTH: usize = 128;
+
+/// Where `src` first nests an array or object deeper than `max` levels: the offset of the
+/// opening bracket that goes past it, or `None` when nothing does. Brackets inside strings do
+/// not count. One pass, no allocation, no recursion; the bytes need not be valid JSON (a
+/// parser judges that afterwards, on bytes now known to be shallow enough for it).
+///
+/// Eight bytes at a time where they hold nothing that matters (numbers and spaces outside
+/// strings, text inside them): measured on a 2 KB embeddings body, 0.37 µs against 2.2 µs
+/// byte by byte (a 2 KB chat body: 0.69 µs against 1.6 µs), beside sonic-rs's own lazy
+/// `model` read of 0.06 µs (`cargo bench --bench contract -- depth_bound`).
+pub fn too_deep(src: &[u8], max: usize) -> Option<usize> {
+    let (mut depth, mut i, n) = (0usize, 0usize, src.len());
+    while i < n {
+        while i + 8 <= n && !structural(word(src, i)) {
+            i += 8;
+        }
+        if i >= n {
+            break;
+        }
+        match src[i] {
+            b'"' => {
+                // To the closing quote; an escape takes the byte after it along.
+                i += 1;
+                loop {
+                    while i + 8 <= n && !in_string_special(word(src, i)) {
+                        i += 8;
+                    }
+                    if i >= n {
+                        return None;
+                    }
+                    match src[i] {
+                        b'"' => break,
+                        b'\\' => i += 2,
+                        _ => i += 1,
+                    }
+                }
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Some(i);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+fn word(src: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(src[i..i + 8].try_into().expect("eight bytes"))
+}
+
+/// Some byte of `w` is zero (exact as to whether one is; SWAR).
+fn has_zero(w: u64) -> bool {
+    w.wrapping_sub(ONES) & !w & (ONES << 7) != 0
+}
+
+/// Some byte of `w` is `"`, `[`, `]`, `{` or `}` (setting bit 5 folds `[` onto `{` and `]`
+/// onto `}`, and no other byte onto either).
+fn structural(w: u64) -> bool {
+    let folded = w | (ONES * 0x20);
+    has_zero(w ^ (ONES * u64::from(b'"')))
+        || has_zero(folded ^ (ONES * u64::from(b'{')))
+        || has_zero(folded ^ (ONES * u64::from(b'}')))
+}
+
+/// Some byte of `w` is `"` or `\`.
+fn in_string_special(w: u64) -> bool {
+    has_zero(w ^ (ONES * u64::from(b'"'))) || has_zero(w ^ (ONES * u64::from(b'\\')))
+}
 
 /// Appends `s` as a quoted JSON string: `"` and `\` escaped, control bytes as `\n`, `\r`,
 /// `\t` or `\u00XX`; everything else (UTF-8 included) as is.
@@ -29,7 +110,79 @@ pub fn put_str(out: &mut Vec<u8>, s: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::put_str;
+    use super::{put_str, too_deep};
+
+    #[test]
+    fn nesting_is_bounded_outside_strings() {
+        assert_eq!(too_deep(b"[[[]]]", 3), None);
+        assert_eq!(too_deep(b"[[[[]]]]", 3), Some(3));
+        assert_eq!(too_deep(br#"{"a":{"b":[1]}}"#, 3), None);
+        assert_eq!(too_deep(br#"{"a":{"b":[{}]}}"#, 3), Some(11));
+        // Brackets in strings, escaped quotes included, are text.
+        assert_eq!(too_deep(br#"["[[[[\"[[[[", "\\"]"#, 1), None);
+        assert_eq!(too_deep(br#"["\\", [[]]]"#, 2), Some(8));
+        // Siblings do not add up; closing brackets past zero do not go negative.
+        assert_eq!(too_deep(b"[[],[],[]]]]][[", 2), None);
+        let deep = "[".repeat(100_000);
+        assert_eq!(too_deep(deep.as_bytes(), super::MAX_DEPTH), Some(super::MAX_DEPTH));
+        // An unterminated string ends the scan.
+        assert_eq!(too_deep(b"\"[[[[", 1), None);
+    }
+
+    /// The word-at-a-time scan agrees with a byte-at-a-time one wherever the special bytes
+    /// fall relative to the 8-byte words.
+    #[test]
+    fn words_agree_with_bytes() {
+        fn reference(src: &[u8], max: usize) -> Option<usize> {
+            let (mut depth, mut i, mut in_str) = (0usize, 0usize, false);
+            while i < src.len() {
+                let b = src[i];
+                if in_str {
+                    match b {
+                        b'\\' => i += 1,
+                        b'"' => in_str = false,
+                        _ => {}
+                    }
+                } else {
+                    match b {
+                        b'"' => in_str = true,
+                        b'[' | b'{' => {
+                            depth += 1;
+                            if depth > max {
+                                return Some(i);
+                            }
+                        }
+                        b']' | b'}' => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
+                }
+                i += 1;
+            }
+            None
+        }
+        let alphabet = b"[]{}\"\\a1 ,:\x5b\x7b\xdb\xfd";
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for len in 0..200 {
+            for _ in 0..50 {
+                let input: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        alphabet[(x % alphabet.len() as u64) as usize]
+                    })
+                    .collect();
+                for max in [0, 1, 3] {
+                    assert_eq!(
+                        too_deep(&input, max),
+                        reference(&input, max),
+                        "{:?} max {max}",
+                        String::from_utf8_lossy(&input)
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn escapes() {

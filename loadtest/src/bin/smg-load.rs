@@ -1,6 +1,9 @@
 //! smg-load entry point: `run` drives one target, `compare` runs targets side by side, `failover`
 //! times how fast the gateway stops routing to a dead worker, `sweep` finds each target's capacity.
 
+// Unsafe code only where a comment proves it sound: each place has #[allow(unsafe_code)] and a SAFETY line.
+#![deny(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 
 use smg_loadtest::load::compare::{self, CompareArgs};
@@ -8,6 +11,7 @@ use smg_loadtest::load::failover::{self, FailoverArgs};
 use smg_loadtest::load::run::{self, RunArgs};
 // sweep: open-loop rates up to each target's knee under an SLO.
 use smg_loadtest::load::sweep::{self, SweepArgs};
+use smg_loadtest::load::ws_compare;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -36,6 +40,8 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Run(args) => run::cli(&args),
+        // ws-1k is the WebSocket relay's compare, built on the HTTP compare's targets.
+        Cmd::Compare(args) if args.scenario == ws_compare::SCENARIO => ws_compare::run(&args),
         Cmd::Compare(args) => compare::run(&args),
         Cmd::Failover(args) => failover::run(&args),
         Cmd::Sweep(args) => sweep::run(&args),

@@ -1,5 +1,8 @@
 //! smg-sim entry point: parse flags, start the simulated workers.
 
+// Unsafe code only where a comment proves it sound: each place has #[allow(unsafe_code)] and a SAFETY line.
+#![deny(unsafe_code)]
+
 use clap::Parser;
 
 #[global_allocator]

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 
+use crate::load::entry::{Entry, Page};
 use crate::load::report::Report;
-use crate::load::report_dir::{self, Entry};
+use crate::load::report_dir;
 use crate::load::run::{execute_recorded, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
 use crate::rt;
@@ -156,6 +157,7 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet (so the pid
         // cannot have been reused); it only sends a signal.
@@ -446,10 +448,8 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
     Ok(out)
 }
 
+/// An HTTP scenario's compare (`ws-1k` is `ws_compare::run`; the CLI picks by scenario).
 pub fn run(args: &CompareArgs) -> Result<(), String> {
-    if args.scenario == crate::load::ws_compare::SCENARIO {
-        return crate::load::ws_compare::run(args);
-    }
     let scenario = Scenario::load(&args.scenario)?;
     let mut notes = Vec::new();
     let targets = find_targets(args, &mut notes)?;
@@ -589,7 +589,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         eprintln!("note: {n}");
     }
     if let Some(dir) = &args.report {
-        let page = report_dir::Page {
+        let page = Page {
             title: format!("smg-load compare: {} c={}", scenario.name, args.concurrency),
             kind: "compare",
             notes,

@@ -3,6 +3,7 @@
 use std::fs;
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of /proc/PID/stat times.
+#[allow(unsafe_code)]
 pub fn ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions; it only reads a configuration value.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

@@ -6,6 +6,7 @@ pub mod closed_loop;
 pub mod compare;
 pub mod cpu;
 pub mod driver;
+pub mod entry;
 pub mod failover;
 pub mod open_loop;
 pub mod page;

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::load::entry::{Entry, Page};
 use crate::load::report::Percentiles;
-use crate::load::report_dir::{Entry, Page};
 use crate::load::svg::{esc, num, Chart, Rule, Series, PALETTE};
 
 const METRICS: [(&str, &str); 3] = [("e2e", "end-to-end latency"), ("ttft", "TTFT"), ("itl", "inter-token latency")];

@@ -12,10 +12,11 @@ use clap::{Args, ValueEnum};
 use crate::load::client::build_request;
 use crate::load::cpu;
 use crate::load::driver::{Ctx, Progress, ThreadPlan};
+use crate::load::entry::{Curves, Entry, Measured, Page};
 use crate::load::open_loop::Arrivals;
 use crate::load::records::Records;
 use crate::load::report::{CpuUse, Report, Stats};
-use crate::load::report_dir::{self, Curves, Entry};
+use crate::load::report_dir;
 use crate::load::scenario::Scenario;
 use crate::load::trace::Trace;
 use crate::load::{closed_loop, open_loop};
@@ -245,13 +246,6 @@ impl RunArgs {
     }
 }
 
-/// A run's report plus what `--report` needs: per-request rows and latency distributions.
-pub struct Measured {
-    pub report: Report,
-    pub records: Records,
-    pub curves: Curves,
-}
-
 /// `smg-load run`: run, print, and write the report directory when asked.
 pub fn cli(args: &RunArgs) -> Result<(), String> {
     let plan = args.plan()?;
@@ -267,7 +261,7 @@ pub fn cli(args: &RunArgs) -> Result<(), String> {
             Mode::Closed { .. } => None,
         };
         let entry = Entry::new(&args.url, rate, 1, 0.0, m);
-        let page = report_dir::Page { title: format!("smg-load run: {}", args.url), kind: "run", ..Default::default() };
+        let page = Page { title: format!("smg-load run: {}", args.url), kind: "run", ..Default::default() };
         report_dir::write(dir, &page, &[entry])?;
         eprintln!("report: {}", dir.join("report.html").display());
     }

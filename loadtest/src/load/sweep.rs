@@ -17,8 +17,9 @@ use clap::Args;
 
 use crate::load::blocking::{self, Client};
 use crate::load::compare::{self, CompareArgs, Proc, SutArgs, Target};
+use crate::load::entry::{Capacity, Entry, Page};
 use crate::load::open_loop::Arrivals;
-use crate::load::report_dir::{self, Capacity, Entry, Page};
+use crate::load::report_dir;
 use crate::load::run::{execute_recorded, resolve, split_url, ArrivalArg, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
 use crate::load::slo::Slo;
@@ -435,10 +436,9 @@ fn table(page: &Page, entries: &[Entry], args: &SweepArgs) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::entry::{Curves, Measured};
     use crate::load::records::Records;
     use crate::load::report::{Report, Stats};
-    use crate::load::report_dir::Curves;
-    use crate::load::run::Measured;
     use crate::load::slo::Goodput;
 
     fn entry(target: &str, rate: f64, fraction: f64) -> Entry {

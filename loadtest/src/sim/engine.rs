@@ -7,10 +7,10 @@
 use std::io;
 use std::rc::Rc;
 
-use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 
+use crate::rt::write_out;
 use crate::sim::render::{flush_events, put_head, Framing, Gen, DONE_EVENT};
 use crate::sim::request::Api;
 use crate::sim::routes::Job;
@@ -27,18 +27,6 @@ pub struct Scratch {
     pub events: Vec<u8>,
     /// The repeated start of every chunk of one stream.
     pub prefix: Vec<u8>,
-}
-
-/// Writes and clears `out`, keeping its allocation.
-pub async fn write_out(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
-    if out.is_empty() {
-        return Ok(());
-    }
-    let buf = std::mem::take(out);
-    let (res, mut buf) = stream.write_all(buf).await;
-    buf.clear();
-    *out = buf;
-    res.map(|_| ())
 }
 
 /// Runs `job`; returns whether the connection may be reused.

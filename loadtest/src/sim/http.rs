@@ -9,7 +9,8 @@ use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
 use monoio::net::TcpStream;
 
-use crate::sim::engine::{self, write_out, Scratch};
+use crate::rt::write_out;
+use crate::sim::engine::{self, Scratch};
 use crate::sim::realtime;
 use crate::sim::render::{put_error_body, put_response};
 use crate::sim::routes::{self, Action, Route};

@@ -126,6 +126,7 @@ async fn serve_thread(
 }
 
 /// Accepts until the worker dies; dropping the listener then closes the port.
+#[allow(unsafe_code)]
 async fn accept_loop(w: Rc<Worker>, listener: TcpListener) {
     while !w.died.is_fired() {
         let delay = w.faults.get().accept_delay_ms;

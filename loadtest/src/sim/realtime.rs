@@ -15,7 +15,7 @@ use monoio::io::AsyncReadRent;
 use monoio::net::TcpStream;
 use smg_wire::ws;
 
-use crate::sim::engine::write_out;
+use crate::rt::write_out;
 use crate::sim::render::{put_json_str, put_response};
 use crate::sim::worker::{bump, Worker};
 

@@ -163,11 +163,11 @@ impl SchedulerConfig {
                 let file = file.map(|p| format!(" {}", p.display())).unwrap_or_default();
                 Err(format!("--priority-scheduler-config{file}: class `{}`: {what}", c.as_str()))
             };
-            if cfg.queue_timeout_secs == 0 {
-                return fail("queue_timeout_secs must be > 0");
+            if let Err(e) = crate::duration::secs("queue_timeout_secs", cfg.queue_timeout_secs, 1) {
+                return fail(&e);
             }
-            if cfg.starvation_threshold_secs == 0 {
-                return fail("starvation_threshold_secs must be > 0");
+            if let Err(e) = crate::duration::secs("starvation_threshold_secs", cfg.starvation_threshold_secs, 1) {
+                return fail(&e);
             }
             if !cfg.reserved_per_slot.is_finite() || cfg.reserved_per_slot < 0.0 {
                 return fail("reserved_per_slot must be finite and >= 0");
@@ -209,15 +209,30 @@ impl SchedulerConfig {
         tenant.and_then(|t| self.tenants.get(t).copied()).unwrap_or(self.default_max_class)
     }
 
-    /// Per-class reservations at `capacity`: `max(floor, ceil(share × capacity))`, then
-    /// clamped in priority order (the highest classes kept whole) so they never sum past it.
+    /// Per-class reservations at `capacity`: `max(floor, ceil(share × capacity))`; when
+    /// those do not all fit under the capacity, scaled down in proportion to fit in half of
+    /// it; then clamped in priority order (the highest classes kept whole) so they never
+    /// sum past it.
+    ///
+    /// Why scale: SMG's class defaults reserve at least 160 slots (system 32, interactive
+    /// 128). On a smaller fleet — 64 slots is what one worker that reports no
+    /// `max_running_requests` counts for — the floors took every slot, and on an idle
+    /// gateway a `default` request waited 30 s and a `bulk` one 120 s for starvation
+    /// promotion. SMG 1.13 refuses such a configuration and falls back to plain admission,
+    /// which answers at once but keeps no class apart. Scaled, every class keeps its order
+    /// and a share, and half the slots stay open to any class. Reservations that fit are
+    /// kept as configured, as SMG keeps them.
     pub fn reservations(&self, capacity: usize) -> [usize; 4] {
-        let want = Class::ALL.map(|c| {
+        let mut want = Class::ALL.map(|c| {
             let cfg = self.class(c);
             let share = (cfg.reserved_per_slot * capacity as f64).ceil();
             let share = if share.is_finite() && share >= 0.0 { share as usize } else { 0 };
             usize::from(cfg.reserved_floor).max(share).min(capacity)
         });
+        let total: usize = want.iter().sum();
+        if total > capacity {
+            want = want.map(|w| w * (capacity / 2) / total);
+        }
         let mut left = capacity;
         let mut out = [0; 4];
         for c in Class::ALL.iter().rev() {
@@ -276,9 +291,17 @@ mod tests {
     #[test]
     fn reservations_clamp_highest_first() {
         let c = SchedulerConfig::new("default", None, -1).unwrap();
-        // Defaults at 4 slots: system's floor of 32 takes them all.
-        assert_eq!(c.reservations(4), [0, 0, 0, 4]);
-        // At 1,000: system 32, interactive 250, default 100.
+        // At 1,000 the defaults fit as configured: system 32, interactive 250, default 100.
         assert_eq!(c.reservations(1000), [0, 100, 250, 32]);
+        // At 64 (one worker reporting no capacity) they want 7 + 64 + 32: scaled to 32 or less.
+        assert_eq!(c.reservations(64), [0, 2, 19, 9]);
+        // At 4 slots, nothing is left to reserve after scaling.
+        assert_eq!(c.reservations(4), [0, 0, 0, 0]);
+        // Floors that fit exactly are kept (a YAML that gives one class every slot).
+        let mut cfg = c.clone();
+        cfg.classes[Class::System.index()].reserved_floor = 0;
+        cfg.classes[Class::Interactive.index()].reserved_floor = 4;
+        cfg.classes[Class::Default.index()].reserved_per_slot = 0.0;
+        assert_eq!(cfg.reservations(4), [0, 0, 4, 0]);
     }
 }

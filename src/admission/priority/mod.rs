@@ -55,7 +55,7 @@ use std::time::Instant;
 pub use config::{Class, SchedulerConfig};
 pub use msg::SchedMsg;
 
-use crate::admission::permits::PermitMsg;
+use crate::clock::Clock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
@@ -140,13 +140,15 @@ pub struct Scheduler {
     queues: [VecDeque<Rc<Waiter>>; 4],
     queue_cap: [usize; 4],
     debts: VecDeque<Debt>,
-    peers: Vec<(usize, flume::Sender<PermitMsg>)>,
+    peers: Vec<(usize, flume::Sender<SchedMsg>)>,
     held: Vec<Option<Rc<Held>>>,
     vacant: Vec<usize>,
     next_peer: usize,
     next_ticket: u64,
     /// Starving heads promoted past the reservations, per class (for the metrics).
     promoted: [u64; 4],
+    /// Read at every decision by time (queue ages, starvation, debts): hand-moved in tests.
+    clock: Clock,
 }
 
 /// The outcome of asking for a slot.
@@ -180,7 +182,7 @@ impl Scheduler {
         cfg: Rc<SchedulerConfig>,
         me: usize,
         shards: usize,
-        peers: Vec<(usize, flume::Sender<PermitMsg>)>,
+        peers: Vec<(usize, flume::Sender<SchedMsg>)>,
     ) -> Self {
         let capacity = cfg.fallback_capacity;
         let queue_cap = Class::ALL.map(|c| (cfg.class(c).queue_size as usize).div_ceil(shards));
@@ -204,9 +206,16 @@ impl Scheduler {
             next_ticket: 0,
             promoted: [0; 4],
             cfg,
+            clock: Clock::Real,
         };
         s.reserved = s.split_reservations(capacity);
         s
+    }
+
+    /// The same scheduler on another clock (tests move a manual one).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -291,7 +300,7 @@ impl Scheduler {
         if s.live(class) >= s.queue_cap[class.index()] {
             return Admission::Full;
         }
-        let now = Instant::now();
+        let now = s.clock.now();
         s.next_ticket += 1;
         let ticket = s.next_ticket;
         let waiter = Rc::new(Waiter {
@@ -319,8 +328,7 @@ impl Scheduler {
                 waiter.pending.set(s.peers.len());
                 let from = s.me;
                 for (_, peer) in &s.peers {
-                    let _ =
-                        peer.send(PermitMsg::Sched(SchedMsg::Want { from, ticket, class, since: now, preempt: false }));
+                    let _ = peer.send(SchedMsg::Want { from, ticket, class, since: now, preempt: false });
                 }
             }
         }
@@ -377,7 +385,7 @@ impl Scheduler {
     fn dispatch(&mut self) {
         loop {
             self.prune();
-            let now = Instant::now();
+            let now = self.clock.now();
             let starving = |c: Class, since: Instant| now.saturating_duration_since(since) > self.cfg.starvation(c);
             // Starving heads, lowest class first (system does not starve).
             let mut pick: Option<(Class, bool, bool)> = None; // (class, local, starving)
@@ -449,14 +457,14 @@ impl Scheduler {
         if w.wanted.replace(false) {
             let (from, ticket) = (self.me, w.ticket);
             for (_, tx) in &self.peers {
-                let _ = tx.send(PermitMsg::Sched(SchedMsg::Cancel { from, ticket }));
+                let _ = tx.send(SchedMsg::Cancel { from, ticket });
             }
         }
     }
 
     fn send(&self, to: usize, msg: SchedMsg) {
         if let Some((_, tx)) = self.peers.iter().find(|(i, _)| *i == to) {
-            let _ = tx.send(PermitMsg::Sched(msg));
+            let _ = tx.send(msg);
         }
     }
 
@@ -516,14 +524,14 @@ impl Scheduler {
         // A debt whose waiter was served elsewhere would hold a slot hostage only while
         // this shard has none to give; debts older than the longest queue timeout go.
         let oldest = Class::ALL.iter().map(|c| self.cfg.queue_timeout(*c)).max().unwrap_or_default();
-        let now = Instant::now();
+        let now = self.clock.now();
         self.debts.retain(|d| now.saturating_duration_since(d.since) <= oldest);
         let counts = self.own.map(|n| n as u32);
         if counts != self.reported {
             self.reported = counts;
             let from = self.me;
             for (_, tx) in &self.peers {
-                let _ = tx.send(PermitMsg::Sched(SchedMsg::Counts { from, counts }));
+                let _ = tx.send(SchedMsg::Counts { from, counts });
             }
         }
     }
@@ -564,7 +572,7 @@ impl Slot {
     fn hold(sched: &Rc<RefCell<Scheduler>>, class: Class) -> Slot {
         let held = Rc::new(Held {
             class,
-            admitted: Instant::now(),
+            admitted: sched.borrow().clock.now(),
             started: Cell::new(false),
             preempted: Cell::new(false),
             for_whom: Cell::new(None),
@@ -635,14 +643,17 @@ mod tests {
     use super::*;
 
     fn cfg(yaml: &str) -> Rc<SchedulerConfig> {
-        let p = std::env::temp_dir().join(format!("smg-sched-{}-{}", std::process::id(), yaml.len()));
+        // One file per call: tests run in parallel, and two configs can have one length.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("smg-sched-{}-{n}", std::process::id()));
         std::fs::write(&p, yaml).unwrap();
         Rc::new(SchedulerConfig::new("system", Some(&p), -1).unwrap())
     }
 
     const OPEN: &str = "classes:\n  system: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  interactive: {reserved_floor: 2, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  default: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n  bulk: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n";
 
-    type Pair = [(Rc<RefCell<Scheduler>>, flume::Receiver<PermitMsg>); 2];
+    type Pair = [(Rc<RefCell<Scheduler>>, flume::Receiver<SchedMsg>); 2];
 
     fn pair(capacity: usize) -> Pair {
         let c = cfg(OPEN);
@@ -659,7 +670,7 @@ mod tests {
         loop {
             let mut moved = false;
             for (p, rx) in s {
-                while let Ok(PermitMsg::Sched(m)) = rx.try_recv() {
+                while let Ok(m) = rx.try_recv() {
                     p.borrow_mut().on_message(m);
                     moved = true;
                 }
@@ -732,23 +743,28 @@ mod tests {
 
     #[test]
     fn starving_head_ignores_reservations() {
-        let c = cfg("classes:\n  interactive: {reserved_floor: 4, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 1, can_preempt: true}\n  bulk: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 1, can_preempt: false}\n");
-        let s = Rc::new(RefCell::new(Scheduler::new(c, 0, 1, vec![])));
+        let c = cfg("classes:\n  system: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  default: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n  interactive: {reserved_floor: 4, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 1, can_preempt: true}\n  bulk: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 1, can_preempt: false}\n");
+        let clock = Clock::manual();
+        let s = Rc::new(RefCell::new(Scheduler::new(c, 0, 1, vec![]).with_clock(clock.clone())));
         s.borrow_mut().observe_capacity(1, || 4);
         let t = queued(Scheduler::admit(&s, Class::Bulk));
         s.borrow_mut().tick();
         assert_eq!(t.waiter.state.get(), Wait::Queued, "all 4 slots are interactive's");
-        std::thread::sleep(std::time::Duration::from_millis(1100));
+        // At its threshold (1 s) it is not starving yet; past it, it is.
+        clock.advance(std::time::Duration::from_secs(1));
+        s.borrow_mut().tick();
+        assert_eq!(t.waiter.state.get(), Wait::Queued, "not past its threshold");
+        clock.advance(std::time::Duration::from_millis(1));
         s.borrow_mut().tick();
         assert_eq!(t.waiter.state.get(), Wait::Granted, "promoted after its threshold");
     }
 
     #[test]
     fn queue_is_bounded_per_class() {
-        let c = cfg("classes:\n  bulk: {reserved_floor: 0, queue_size: 1, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n");
+        let c = cfg("classes:\n  system: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  default: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n  interactive: {reserved_floor: 1, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  bulk: {reserved_floor: 0, queue_size: 1, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n");
         let s = Rc::new(RefCell::new(Scheduler::new(c, 0, 1, vec![])));
         s.borrow_mut().observe_capacity(1, || 1);
-        // System's default floor (32) keeps the one slot: bulk queues, then is refused.
+        // Interactive's floor keeps the one slot: bulk queues, then is refused.
         let _t = queued(Scheduler::admit(&s, Class::Bulk));
         assert!(matches!(Scheduler::admit(&s, Class::Bulk), Admission::Full));
     }

@@ -1,27 +1,22 @@
-//! Randomized properties (seeded xorshift, no extra dependency): untouched bodies are forwarded
+//! Randomized properties (seeded fastrand): untouched bodies are forwarded
 //! byte for byte, and rewritten bodies differ only by the intended edits.
 
 use sonic_rs::{JsonContainerTrait, JsonValueMutTrait, JsonValueTrait};
 
 use super::super::{apply, inspect, json, Aliases, Endpoint};
 
-struct Rng(u64);
+/// The gateway's RNG with the draws these properties use.
+struct Rng(fastrand::Rng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.usize(..n)
     }
     fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
         xs[self.below(xs.len())]
     }
     fn coin(&mut self) -> bool {
-        self.next() & 1 == 1
+        self.0.bool()
     }
 }
 
@@ -111,7 +106,7 @@ fn numbers(body: &[u8]) -> Vec<Vec<u8>> {
 
 #[test]
 fn bodies_needing_no_rewrite_are_forwarded_byte_for_byte() {
-    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut r = Rng(fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15));
     for _ in 0..2000 {
         let m = members(&mut r, "meta-llama/Llama-3.1-8B-Instruct");
         let body = render(&mut r, &m);
@@ -126,7 +121,7 @@ fn bodies_needing_no_rewrite_are_forwarded_byte_for_byte() {
 #[test]
 fn rewrites_add_exactly_the_intended_edits() {
     let aliases = Aliases::parse(&["kimi-k3=moonshotai/Kimi-K3-Canonical"]).unwrap();
-    let mut r = Rng(0x2545_f491_4f6c_dd1d);
+    let mut r = Rng(fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d));
     for _ in 0..2000 {
         let m = members(&mut r, "kimi-k3");
         let body = render(&mut r, &m);

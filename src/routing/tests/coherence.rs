@@ -6,10 +6,8 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
-use std::time::Instant;
 
 use crate::routing::hashing::{hash_bytes, mix};
-use crate::routing::rng::WyRand;
 use crate::routing::{Candidate, PolicyKind, RouteInput, RoutingConfig, ShardRouter};
 
 /// The engine caches whole blocks of this many characters (like a KV page).
@@ -60,10 +58,10 @@ fn blocks(text: &str) -> Vec<u64> {
         .collect()
 }
 
-fn words(rng: &mut WyRand, len: usize) -> String {
+fn words(rng: &mut fastrand::Rng, len: usize) -> String {
     (0..len)
         .map(|_| {
-            let r = rng.below(32);
+            let r = rng.usize(..32);
             if r < 5 {
                 ' '
             } else {
@@ -100,7 +98,7 @@ enum Event {
 
 /// Runs the scenario and returns the cached-character ratio over all requests.
 pub(crate) fn run(s: Scenario, policy: PolicyKind, shards: usize, digests: bool, seed: u64) -> f64 {
-    let mut rng = WyRand::new(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let systems: Vec<String> = (0..s.groups).map(|_| words(&mut rng, s.system_chars)).collect();
     let urls: Vec<String> = (0..s.workers).map(|i| format!("http://w{i}:8000")).collect();
     let cfg = RoutingConfig::for_policy(policy);
@@ -112,11 +110,11 @@ pub(crate) fn run(s: Scenario, policy: PolicyKind, shards: usize, digests: bool,
     let mut left = vec![s.turns; s.users];
     let mut events = BinaryHeap::new();
     for u in 0..s.users {
-        events.push(Reverse((rng.below(20_000) as u64, Event::Turn(u))));
+        events.push(Reverse((rng.usize(..20_000) as u64, Event::Turn(u))));
     }
     let (mut cached, mut total) = (0usize, 0usize);
     let mut next_digest = s.digest_ms;
-    let now = Instant::now();
+    let now = crate::clock::now();
     while let Some(Reverse((t, ev))) = events.pop() {
         if digests {
             while t >= next_digest {
@@ -132,7 +130,7 @@ pub(crate) fn run(s: Scenario, policy: PolicyKind, shards: usize, digests: bool,
         match ev {
             Event::Done(w) => load[w] -= 1,
             Event::Turn(u) => {
-                let n = 150 + rng.below(200);
+                let n = 150 + rng.usize(..200);
                 let msg = words(&mut rng, n);
                 convo[u].push_str(&msg);
                 let prompt = convo[u].clone();
@@ -140,9 +138,9 @@ pub(crate) fn run(s: Scenario, policy: PolicyKind, shards: usize, digests: bool,
                     urls.iter().zip(&load).map(|(url, &l)| Candidate { url, load: l, engine_load: None }).collect();
                 let input = RouteInput { model: "m", text: Some(&prompt), ..RouteInput::default() };
                 // The kernel spreads connections: any shard may get any turn.
-                let shard = rng.below(shards);
+                let shard = rng.usize(..shards);
                 let w = routers[shard].pick(&input, &cands, now).unwrap_or(0);
-                let n = 500 + rng.below(400);
+                let n = 500 + rng.usize(..400);
                 let reply = words(&mut rng, n);
                 convo[u].push_str(&reply);
                 // The engine caches the prompt and what it generated.
@@ -150,11 +148,11 @@ pub(crate) fn run(s: Scenario, policy: PolicyKind, shards: usize, digests: bool,
                 cached += served.min(prompt.len());
                 total += prompt.len();
                 load[w] += 1;
-                let service = 1000 + rng.below(2000) as u64;
+                let service = 1000 + rng.usize(..2000) as u64;
                 events.push(Reverse((t + service, Event::Done(w))));
                 left[u] -= 1;
                 if left[u] > 0 {
-                    let think = 2000 + rng.below(6000) as u64;
+                    let think = 2000 + rng.usize(..6000) as u64;
                     events.push(Reverse((t + service + think, Event::Turn(u))));
                 }
             }

@@ -1,7 +1,7 @@
 //! Each policy's distribution, stickiness and edge cases, through `ShardRouter`.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::support::{cands, text_input, urls};
 use crate::routing::{AssignmentMode, Candidate, PolicyKind, RouteError, RouteInput, RoutingConfig, ShardRouter};
@@ -54,7 +54,7 @@ fn defaults_are_smgs() {
 
 #[test]
 fn no_candidates_is_no_worker() {
-    let now = Instant::now();
+    let now = crate::clock::now();
     for (kind, _) in PolicyKind::ALL {
         let mut r = router(kind);
         assert_eq!(r.pick(&text_input("m", "x"), &[], now), Err(RouteError::NoWorker));
@@ -66,7 +66,7 @@ fn random_spreads_evenly() {
     let u = urls(4);
     let c = cands(&u, &[]);
     let mut r = router(PolicyKind::Random);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let m = counts((0..4000).map(|_| r.pick(&RouteInput::default(), &c, now).unwrap()));
     assert_eq!(m.len(), 4);
     assert!(m.values().all(|&n| n > 850), "{m:?}");
@@ -77,7 +77,7 @@ fn round_robin_rotates_from_the_shard_index() {
     let u = urls(3);
     let c = cands(&u, &[]);
     let cfg = RoutingConfig::for_policy(PolicyKind::RoundRobin);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut a = ShardRouter::new(&cfg, 0, 2);
     let mut b = ShardRouter::new(&cfg, 1, 2);
     let pa: Vec<usize> = (0..6).map(|_| a.pick(&RouteInput::default(), &c, now).unwrap()).collect();
@@ -89,7 +89,7 @@ fn round_robin_rotates_from_the_shard_index() {
 #[test]
 fn power_of_two_prefers_the_lighter_worker() {
     let u = urls(2);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::PowerOfTwo);
     let c = cands(&u, &[50, 3]);
     assert!((0..200).all(|_| r.pick(&RouteInput::default(), &c, now) == Ok(1)));
@@ -110,7 +110,7 @@ fn power_of_two_prefers_the_lighter_worker() {
 #[test]
 fn least_load_uses_engine_reports_plus_in_flight() {
     let u = urls(3);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::LeastLoad);
     let mk = |loads: [usize; 3], eng: [Option<u64>; 3]| -> Vec<Candidate<'_>> {
         (0..3).map(|i| Candidate { url: &u[i], load: loads[i], engine_load: eng[i] }).collect()
@@ -134,7 +134,7 @@ fn least_load_uses_engine_reports_plus_in_flight() {
 #[test]
 fn cache_aware_sticks_to_the_prefix_holder() {
     let u = urls(4);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::CacheAware);
     let sys = "You are a helpful assistant. ".repeat(20);
     let first = r.pick(&text_input("m", &format!("{sys}question one")), &cands(&u, &[]), now).unwrap();
@@ -150,7 +150,7 @@ fn cache_aware_sticks_to_the_prefix_holder() {
 #[test]
 fn cache_aware_spreads_new_prefixes_in_a_quiet_system() {
     let u = urls(4);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::CacheAware);
     let c = cands(&u, &[]);
     let texts: Vec<String> = (0..200).map(|i| format!("{i} distinct prompt {i}")).collect();
@@ -162,7 +162,7 @@ fn cache_aware_spreads_new_prefixes_in_a_quiet_system() {
 #[test]
 fn cache_aware_spill_gate() {
     let u = urls(4);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::CacheAware);
     let text = "a long shared document ".repeat(50);
     let holder = r.pick(&text_input("m", &text), &cands(&u, &[]), now).unwrap();
@@ -183,7 +183,7 @@ fn cache_aware_spill_gate() {
 #[test]
 fn cache_aware_threshold_sends_weak_matches_to_the_least_loaded() {
     let u = urls(3);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::CacheAware);
     let head = "0123456789";
     let holder = r.pick(&text_input("m", head), &cands(&u, &[]), now).unwrap();
@@ -204,7 +204,7 @@ fn cache_aware_threshold_sends_weak_matches_to_the_least_loaded() {
 #[test]
 fn cache_aware_namespaces_and_models_never_share() {
     let u = urls(2);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::CacheAware);
     let text = "the same prompt text, long enough to matter";
     let holder = r.pick(&text_input("m", text), &cands(&u, &[]), now).unwrap();
@@ -220,7 +220,7 @@ fn cache_aware_namespaces_and_models_never_share() {
 #[test]
 fn cache_aware_routes_tokens_hint() {
     let u = urls(4);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::CacheAware);
     let toks: Vec<u32> = (0..64).collect();
     let input = RouteInput { model: "m", tokens: Some(&toks), text: Some("ignored"), ..RouteInput::default() };
@@ -238,7 +238,7 @@ fn cache_aware_routes_tokens_hint() {
 #[test]
 fn cache_aware_eviction_under_a_small_budget() {
     let u = urls(2);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let cfg = RoutingConfig { max_tree_size: 10_000, ..RoutingConfig::default() };
     let mut r = ShardRouter::new(&cfg, 0, 1);
     for i in 0..500 {
@@ -253,7 +253,7 @@ fn cache_aware_eviction_under_a_small_budget() {
 
 #[test]
 fn cache_aware_worker_removal_and_readd() {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::CacheAware);
     let u = urls(3);
     let text = "conversation history that is long enough ".repeat(10);
@@ -277,7 +277,7 @@ fn cache_aware_worker_removal_and_readd() {
 #[test]
 fn digests_carry_inserts_between_shards() {
     let u = urls(4);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let cfg = RoutingConfig::default();
     let mut a = ShardRouter::new(&cfg, 0, 2);
     let mut b = ShardRouter::new(&cfg, 1, 2);
@@ -305,7 +305,7 @@ fn digests_carry_inserts_between_shards() {
 fn consistent_hashing_key_priority() {
     let u = urls(5);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::ConsistentHashing);
     // Target worker first, even with a routing key.
     let t = RouteInput { target_worker: Some("3"), routing_key: Some("k"), ..RouteInput::default() };
@@ -335,7 +335,7 @@ fn consistent_hashing_key_priority() {
 fn consistent_hashing_agrees_across_shards_and_moves_few_keys() {
     let u = urls(8);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let cfg = RoutingConfig::for_policy(PolicyKind::ConsistentHashing);
     let mut a = ShardRouter::new(&cfg, 0, 2);
     let mut b = ShardRouter::new(&cfg, 1, 2);
@@ -364,7 +364,7 @@ fn consistent_hashing_agrees_across_shards_and_moves_few_keys() {
 fn consistent_hashing_rid_outranks_header_with_override() {
     let u = urls(6);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let cfg = RoutingConfig { routing_key_override: true, ..RoutingConfig::for_policy(PolicyKind::ConsistentHashing) };
     let mut r = ShardRouter::new(&cfg, 0, 1);
     let base = r.pick(&keyed("conv"), &c, now).unwrap();
@@ -381,7 +381,7 @@ fn consistent_hashing_rid_outranks_header_with_override() {
 #[test]
 fn prefix_hash_groups_by_head_and_walks_past_overload() {
     let u = urls(4);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let cfg = RoutingConfig { prefix_token_count: 8, ..RoutingConfig::for_policy(PolicyKind::PrefixHash) };
     let mut r = ShardRouter::new(&cfg, 0, 1);
     // 8 tokens × 4 = the first 32 bytes decide.
@@ -408,7 +408,7 @@ fn prefix_hash_groups_by_head_and_walks_past_overload() {
 fn prefix_hash_hashes_the_routing_key_instead_without_override() {
     let u = urls(8);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::PrefixHash);
     let m = counts((0..50).map(|i| {
         let t = format!("prompt {i}");
@@ -428,7 +428,7 @@ fn prefix_hash_hashes_the_routing_key_instead_without_override() {
 fn manual_pins_keys_and_agrees_across_shards() {
     let u = urls(6);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let cfg = RoutingConfig::for_policy(PolicyKind::Manual);
     let mut a = ShardRouter::new(&cfg, 0, 2);
     let mut b = ShardRouter::new(&cfg, 1, 2);
@@ -451,7 +451,7 @@ fn manual_pins_keys_and_agrees_across_shards() {
 #[test]
 fn manual_failover_and_return() {
     let u = urls(3);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::Manual);
     let w = r.pick(&keyed("k"), &cands(&u, &[]), now).unwrap();
     let rest: Vec<String> = u.iter().enumerate().filter(|&(i, _)| i != w).map(|(_, s)| s.clone()).collect();
@@ -466,7 +466,7 @@ fn manual_failover_and_return() {
 fn manual_idle_eviction_and_worker_removal() {
     let u = urls(3);
     let c = cands(&u, &[]);
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let cfg = RoutingConfig { max_idle_secs: 300, ..RoutingConfig::for_policy(PolicyKind::Manual) };
     let mut r = ShardRouter::new(&cfg, 0, 1);
     r.pick(&keyed("old"), &c, t0).unwrap();
@@ -482,7 +482,7 @@ fn manual_idle_eviction_and_worker_removal() {
 #[test]
 fn manual_min_load_and_min_group() {
     let u = urls(3);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let cfg =
         RoutingConfig { assignment_mode: AssignmentMode::MinLoad, ..RoutingConfig::for_policy(PolicyKind::Manual) };
     let mut r = ShardRouter::new(&cfg, 0, 1);
@@ -499,7 +499,7 @@ fn manual_min_load_and_min_group() {
 fn override_pins_conversations_on_any_policy() {
     let u = urls(4);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     for policy in [
         PolicyKind::RoundRobin,
         PolicyKind::Random,
@@ -531,7 +531,7 @@ fn override_pins_conversations_on_any_policy() {
 fn without_override_load_policies_ignore_the_key() {
     let u = urls(3);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut r = router(PolicyKind::RoundRobin);
     let picks: Vec<usize> = (0..3).map(|_| r.pick(&keyed("same"), &c, now).unwrap()).collect();
     assert_eq!(picks, vec![0, 1, 2]);
@@ -542,7 +542,7 @@ fn without_override_load_policies_ignore_the_key() {
 fn versioned_pick_matches_fingerprinted_pick() {
     let u = urls(16);
     let c = cands(&u, &[]);
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut a = router(PolicyKind::ConsistentHashing);
     let mut b = router(PolicyKind::ConsistentHashing);
     for i in 0..200 {

@@ -1,7 +1,6 @@
 //! The radix tree on its own: splits, marks, eviction within budget, worker purge, memory.
 
 use crate::routing::radix::{RadixTree, NODE_CHARGE};
-use crate::routing::rng::WyRand;
 
 fn holders(t: &RadixTree<u8>) -> Vec<(usize, Vec<u32>)> {
     t.path_marks()
@@ -41,11 +40,11 @@ fn match_split_and_marks() {
 fn eviction_keeps_the_budget_and_recent_paths() {
     let budget = 4_000;
     let mut t = RadixTree::<u8>::new(budget);
-    let mut rng = WyRand::new(9);
+    let mut rng = fastrand::Rng::with_seed(9);
     let texts: Vec<Vec<u8>> = (0..200)
         .map(|i| {
             let mut v = format!("system prompt {} ", i % 3).into_bytes();
-            v.extend((0..100).map(|_| b'a' + rng.below(26) as u8));
+            v.extend((0..100).map(|_| b'a' + rng.usize(..26) as u8));
             v
         })
         .collect();
@@ -97,12 +96,12 @@ fn removing_a_worker_purges_its_marks_and_orphaned_nodes() {
 fn memory_per_stored_character_is_bounded() {
     // Chat-like load: 8 system prompts, 400 conversations branching after them.
     let mut t = RadixTree::<u8>::new(usize::MAX);
-    let mut rng = WyRand::new(3);
-    let systems: Vec<Vec<u8>> = (0..8).map(|_| (0..2000).map(|_| b'a' + rng.below(26) as u8).collect()).collect();
+    let mut rng = fastrand::Rng::with_seed(3);
+    let systems: Vec<Vec<u8>> = (0..8).map(|_| (0..2000).map(|_| b'a' + rng.usize(..26) as u8).collect()).collect();
     for c in 0..400 {
         let mut x = systems[c % 8].clone();
         for turn in 0..4 {
-            x.extend((0..600).map(|_| b'a' + rng.below(26) as u8));
+            x.extend((0..600).map(|_| b'a' + rng.usize(..26) as u8));
             t.insert(1, &x, (c % 8) as u32 + turn);
         }
     }

@@ -2,9 +2,9 @@
 //! worker and the load generator's client: the handshake's accept value, frame heads
 //! (parse and write), masking. Payloads are never copied here.
 
-mod sha1;
-
-pub use sha1::sha1;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use sha1::{Digest, Sha1};
 
 pub const OP_CONT: u8 = 0x0;
 pub const OP_TEXT: u8 = 0x1;
@@ -21,33 +21,24 @@ const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 /// `Sec-WebSocket-Accept` for a client's `Sec-WebSocket-Key`: base64(SHA-1(key + GUID)).
 pub fn accept(key: &[u8]) -> [u8; 28] {
-    let digest = sha1(&[key, GUID]);
+    let digest = Sha1::new().chain_update(key).chain_update(GUID).finalize();
     let mut out = [0u8; 28];
     base64(&digest, &mut out);
     out
 }
 
-/// A valid `Sec-WebSocket-Key`: the base64 of 16 bytes (24 characters, `==` at the end).
+/// A valid `Sec-WebSocket-Key`: the (canonical, padded) base64 of 16 bytes, 24 characters.
 pub fn valid_key(key: &[u8]) -> bool {
-    key.len() == 24 && key.ends_with(b"==") && key[..22].iter().all(|&b| b64_value(b).is_some())
-}
-
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn b64_value(b: u8) -> Option<u8> {
-    B64.iter().position(|&c| c == b).map(|p| p as u8)
+    // 18: what the decoder asks room for from 24 characters; 16 of them get written.
+    let mut raw = [0u8; 18];
+    key.len() == 24 && STANDARD.decode_slice(key, &mut raw) == Ok(16)
 }
 
 /// Standard base64 with padding of `src` into `out` (exactly `4 * ceil(len / 3)` long).
 pub fn base64(src: &[u8], out: &mut [u8]) {
     debug_assert_eq!(out.len(), src.len().div_ceil(3) * 4);
-    for (chunk, o) in src.chunks(3).zip(out.chunks_mut(4)) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (i, slot) in o.iter_mut().enumerate() {
-            *slot = if i <= chunk.len() { B64[((n >> (18 - 6 * i)) & 63) as usize] } else { b'=' };
-        }
-    }
+    let n = STANDARD.encode_slice(src, out).expect("`out` holds the whole encoding");
+    debug_assert_eq!(n, out.len());
 }
 
 /// A frame's head.
@@ -155,6 +146,8 @@ mod tests {
         assert!(valid_key(b"dGhlIHNhbXBsZSBub25jZQ=="));
         assert!(!valid_key(b"dGhlIHNhbXBsZSBub25jZQ="));
         assert!(!valid_key(b"dGhlIHNhbXBsZSBub25j*Q=="));
+        // Not canonical: the last character carries bits past the 16 bytes.
+        assert!(!valid_key(b"dGhlIHNhbXBsZSBub25jZR=="));
     }
 
     #[test]

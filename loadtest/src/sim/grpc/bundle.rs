@@ -10,8 +10,8 @@ use h2::RecvStream;
 use sha2::{Digest, Sha256};
 use smg_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
 
-use crate::sim::grpc::server::reject;
-use crate::sim::grpc::{tokenizer, wire};
+use crate::sim::grpc::tokenizer;
+use crate::sim::grpc::wire::{self, reject};
 
 /// Bytes of archive per streamed message.
 const CHUNK: usize = 64 * 1024;

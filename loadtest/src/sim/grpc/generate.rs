@@ -19,6 +19,10 @@
 //! `custom_params.sim_spec_draft` / `sim_spec_accepted` (numbers) are reported per sample as
 //! speculative decoding's draft and accepted tokens.
 //!
+//! `custom_params.sim_huge_tokens: N` sends, before anything else, one stream chunk of N
+//! token ids of 4 bytes each on the wire (a message of about 4·N bytes; the ids are not in
+//! the tokenizer): gateway tests get an engine message larger than they allow.
+//!
 //! `custom_params.sim_output` (a string) replaces the words with that text's bytes, one byte
 //! token each, then the stop token: gateway tests get multi-byte characters and stop strings
 //! split across tokens on purpose; `custom_params.sim_echo_prompt: true` answers with the
@@ -32,14 +36,14 @@ use h2::{RecvStream, SendStream};
 use monoio::time::Instant;
 use smg_proto::scheduler::generate_complete::MatchedStop;
 use smg_proto::scheduler::{
-    generate_response, GenerateComplete, GenerateRequest, GenerateResponse, GenerateStreamChunk, OutputLogProbs,
-    TopLogProbs,
+    generate_response, GenerateComplete, GenerateRequest, GenerateStreamChunk, OutputLogProbs, TopLogProbs,
 };
 
 use crate::sim::faults::{self, Fault};
-use crate::sim::grpc::server::reject;
-use crate::sim::grpc::wire::{self, Code, Status};
-use crate::sim::grpc::{llama, tokenizer, CONTEXT_LENGTH};
+use crate::sim::grpc::llama;
+use crate::sim::grpc::stream::{gone, response, End};
+use crate::sim::grpc::tokenizer::{self, CONTEXT_LENGTH};
+use crate::sim::grpc::wire::{self, reject, Code, Status};
 use crate::sim::render::put_json_str;
 use crate::sim::timing;
 use crate::sim::worker::{bump, Worker};
@@ -62,6 +66,8 @@ struct Plan {
     forced: Option<Vec<u32>>,
     /// `custom_params.sim_spec_draft` / `sim_spec_accepted`, per sample.
     spec: (u32, u32),
+    /// `custom_params.sim_huge_tokens`.
+    huge: u32,
 }
 
 pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse<Bytes>) {
@@ -108,14 +114,6 @@ enum Engine {
     Sim(Plan),
     /// A real model on the llama.cpp server at this address (`--llama-url`).
     Llama(std::net::SocketAddr),
-}
-
-/// Why a call ended early.
-pub(crate) enum End {
-    /// The client reset the stream (or the connection went away).
-    Gone,
-    /// The call ends with this status after what was sent.
-    Failed(Status),
 }
 
 /// What a wait was ended by.
@@ -187,6 +185,7 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         hang,
         forced,
         spec: (number_param(&sp, "sim_spec_draft"), number_param(&sp, "sim_spec_accepted")),
+        huge: number_param(&sp, "sim_huge_tokens"),
     })
 }
 
@@ -315,6 +314,12 @@ async fn generate(
         _ = abort.wait() => return finish_all(req, plan, &mut samples(plan), "abort", send),
         _ = gone(send) => return Err(End::Gone),
     };
+    if plan.huge > 0 {
+        // The smallest id whose varint takes 4 bytes, repeated.
+        let chunk = GenerateStreamChunk { token_ids: vec![1 << 21; plan.huge as usize], ..Default::default() };
+        let msg = wire::frame(&response(req, generate_response::Response::Chunk(chunk)));
+        send.send_data(msg, false).map_err(|_| End::Gone)?;
+    }
     let admitted = Instant::now();
     bump(&w.stats.used_tokens, held);
     let result = decode(w, req, plan, abort, send, admitted).await;
@@ -450,10 +455,6 @@ fn finish_all(
     flush(&mut out, send)
 }
 
-pub(crate) fn response(req: &GenerateRequest, r: generate_response::Response) -> GenerateResponse {
-    GenerateResponse { request_id: req.request_id.clone(), response: Some(r) }
-}
-
 /// Hands the messages gathered so far to h2 (one DATA frame for all of them).
 fn flush(out: &mut BytesMut, send: &mut SendStream<Bytes>) -> Result<(), End> {
     if out.is_empty() {
@@ -475,11 +476,6 @@ async fn wait(deadline: Option<Instant>, abort: &Event, send: &mut SendStream<By
         _ = abort.wait() => Ok(Wake::Aborted),
         _ = gone(send) => Err(End::Gone),
     }
-}
-
-/// Resolves when the client resets the stream or the connection fails.
-pub(crate) async fn gone(send: &mut SendStream<Bytes>) {
-    let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
 }
 
 /// The request's parameters as JSON, for /sim/stats "last_generate".

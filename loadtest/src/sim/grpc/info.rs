@@ -12,9 +12,8 @@ use smg_proto::scheduler::{
     SchedulerLoad,
 };
 
-use crate::sim::grpc::tokenizer;
+use crate::sim::grpc::tokenizer::{self, CONTEXT_LENGTH};
 use crate::sim::grpc::wire::{Code, Status};
-use crate::sim::grpc::CONTEXT_LENGTH;
 use crate::sim::worker::Worker;
 
 /// The simulated engine's version, as the HTTP mode reports it.

@@ -26,7 +26,7 @@ use smg_proto::scheduler::{
 use smg_wire::chunked::ChunkedDecoder;
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 
-use crate::sim::grpc::generate::{gone, response, End};
+use crate::sim::grpc::stream::{gone, response, End};
 use crate::sim::grpc::wire::{self, Code, Status};
 use crate::sync::Event;
 

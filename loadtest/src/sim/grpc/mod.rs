@@ -7,9 +7,10 @@
 //! /sim/stats and driving /sim/control on the worker's own port.
 //!
 //! - `server`: the h2 connection and the method table;
-//! - `generate`: the Generate stream; `info`: the unary RPCs; `bundle`: GetTokenizer's zip;
+//! - `generate`: the Generate call; `stream`: its response stream, whichever engine fills it;
+//! - `info`: the unary RPCs; `bundle`: GetTokenizer's zip;
 //! - `wire`: gRPC message framing and statuses; `rewind`: replay of the sniffed bytes;
-//! - `tokenizer`: the simulated model's tokenizer files; `state`: aborts and in-flight calls;
+//! - `tokenizer`: the simulated model's tokenizer files and context window;
 //! - `llama`: `--llama-url`, Generate served by a real model on a llama.cpp server.
 
 pub mod bundle;
@@ -18,7 +19,7 @@ pub mod info;
 pub mod llama;
 pub mod rewind;
 pub mod server;
-pub mod state;
+pub mod stream;
 pub mod tokenizer;
 pub mod wire;
 
@@ -30,9 +31,6 @@ use monoio::net::TcpStream;
 
 use crate::sim::http;
 use crate::sim::worker::{ConnGuard, Worker};
-
-/// The model's context window, advertised in GetModelInfo and the tokenizer config.
-pub const CONTEXT_LENGTH: u32 = 32_768;
 
 /// The client preface every HTTP/2 connection starts with (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -69,7 +69,7 @@ async fn call(w: Rc<Worker>, path: String, mut body: RecvStream, respond: SendRe
         path::ABORT => unary(&mut body, respond, |r| info::abort(&w, r)).await,
         path::FLUSH_CACHE => unary(&mut body, respond, |r| info::flush_cache(&w, r)).await,
         path::GET_TOKENIZER => bundle::serve(body, respond).await,
-        _ => reject(respond, &Status::new(Code::UNIMPLEMENTED, format!("smg-sim does not serve {path}"))),
+        _ => wire::reject(respond, &Status::new(Code::UNIMPLEMENTED, format!("smg-sim does not serve {path}"))),
     }
 }
 
@@ -84,15 +84,10 @@ async fn unary<Req, Resp>(
 {
     let resp = match wire::read_request::<Req>(body).await.and_then(handle) {
         Ok(r) => r,
-        Err(s) => return reject(respond, &s),
+        Err(s) => return wire::reject(respond, &s),
     };
     let Ok(mut send) = respond.send_response(wire::response_head(), false) else { return };
     if send.send_data(wire::frame(&resp), false).is_ok() {
         let _ = send.send_trailers(wire::trailers(None));
     }
-}
-
-/// Ends a call with `status` and no message.
-pub fn reject(mut respond: SendResponse<Bytes>, status: &Status) {
-    let _ = respond.send_response(wire::trailers_only(status), true);
 }

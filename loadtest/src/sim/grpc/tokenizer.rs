@@ -14,6 +14,9 @@ use std::sync::OnceLock;
 
 use crate::sim::render::put_json_str;
 
+/// The model's context window, advertised in GetModelInfo and the tokenizer config.
+pub const CONTEXT_LENGTH: u32 = 32_768;
+
 pub const ENDOFTEXT: &str = "<|endoftext|>";
 pub const IM_START: &str = "<|im_start|>";
 pub const IM_END: &str = "<|im_end|>";
@@ -183,7 +186,7 @@ pub fn tokenizer_config_json() -> String {
         json(IM_END),
         json(IM_END),
         json(ENDOFTEXT),
-        super::CONTEXT_LENGTH,
+        CONTEXT_LENGTH,
         json(CHAT_TEMPLATE)
     );
     s
@@ -194,7 +197,7 @@ fn model_config_json() -> String {
     format!(
         "{{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"vocab_size\":{},\"max_position_embeddings\":{},\"bos_token_id\":null,\"eos_token_id\":{IM_END_ID},\"pad_token_id\":{ENDOFTEXT_ID}}}",
         vocab_size(),
-        super::CONTEXT_LENGTH
+        CONTEXT_LENGTH
     )
 }
 

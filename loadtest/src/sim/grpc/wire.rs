@@ -3,6 +3,8 @@
 //! The outcome travels in trailers (`grpc-status`, `grpc-message`); a call that fails before
 //! any message answers "trailers only": one HEADERS frame carrying the status, ending the stream.
 
+use bytes::Bytes;
+use h2::server::SendResponse;
 use h2::RecvStream;
 use http::{HeaderMap, HeaderValue, Response};
 use prost::Message;
@@ -67,6 +69,11 @@ pub fn trailers_only(status: &Status) -> Response<()> {
     let mut r = response_head();
     put_status(r.headers_mut(), Some(status));
     r
+}
+
+/// Ends a call with `status` and no message ("trailers only").
+pub fn reject(mut respond: SendResponse<Bytes>, status: &Status) {
+    let _ = respond.send_response(trailers_only(status), true);
 }
 
 fn put_status(h: &mut HeaderMap, status: Option<&Status>) {

@@ -1,4 +1,7 @@
-//! One simulated worker's state on its owning thread: knobs, batch slots, prefix cache, health, counters, canned bodies.
+//! One simulated worker's state on its owning thread: knobs, batch slots, prefix cache, health, counters, canned bodies
+//! (and, in `grpc`, what the --grpc mode remembers).
+
+pub mod grpc;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -9,10 +12,10 @@ use crate::rng::Rng;
 use crate::sim::admission::Gate;
 use crate::sim::config::{FaultPlan, GrpcSpec, Runtime, Timing, WorkerSpec};
 use crate::sim::faults::Health;
-use crate::sim::grpc::state::GrpcState;
 use crate::sim::prefix_cache::PrefixCache;
 use crate::sim::render::put_json_str;
 use crate::sync::Event;
+use grpc::GrpcState;
 
 /// Counters reported by /sim/stats and /v1/loads.
 #[derive(Default)]
@@ -203,6 +206,7 @@ impl Worker {
 
     /// Dies but leaves connection `spare` open, so the /sim/control request that asked for the
     /// death still gets its answer (its connection closes right after).
+    #[allow(unsafe_code)]
     pub fn die_except(&self, spare: Option<u64>) {
         self.died.fire();
         let accept = std::mem::take(&mut *self.accept_cancel.borrow_mut());

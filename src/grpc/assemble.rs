@@ -1,0 +1,436 @@
+//! The OpenAI answer to a gRPC engine's messages, assembled without I/O: messages go in
+//! (`on_message`), SSE events or the whole JSON body come out (`pending`, `finish`), and the
+//! caller (src/serve/grpc.rs) only reads calls, writes bytes and sends Abort RPCs.
+//!
+//! Per choice: incremental detokenization, stop strings on the decoded text, log-probabilities
+//! of the tokens whose text was released, then the choice's `OutputParser`, the one place
+//! where released text becomes the answer's fields. Per response: `n` and a completions batch
+//! (choice `p * n + index`), echo and suffix, finish reasons, and usage in the OpenAI or
+//! DeepSeek stream format.
+//!
+//! Nothing is allocated per token: a message's text, the decoder's scratch, the parsed
+//! output, the logprobs JSON and the event buffer are reused for the whole response.
+
+use smg_proto::scheduler::{generate_response, GenerateResponse, OutputLogProbs};
+
+use super::logprobs::{self, Entry, Offset};
+use super::reply::{self, Choice, ChunkUsage, Delta, Meta, Usage};
+use super::request::{Kind, Prepared};
+use super::stop::StopMatcher;
+use super::wire::{Code, Status};
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+
+#[cfg(test)]
+mod tests;
+
+/// What a choice's output turns into. Today that is only `content`; reasoning
+/// (`reasoning_content`) and tool calls join it with the parsers that produce them.
+#[derive(Debug, Default)]
+pub(crate) struct Parsed {
+    pub(crate) content: String,
+}
+
+/// Where an output parser plugs in, one per choice: it sees the choice's decoded text as it is
+/// released (stop strings already cut, nothing held back by the detokenizer) and appends what
+/// that text is to `Parsed`. A parser may hold text back (half a `<think>` tag) and release it
+/// on a later call or at `finish`. Reasoning (`<think>` to `reasoning_content`) and tool-call
+/// parsers implement it; `PassThrough` is the one there is today.
+pub(crate) trait OutputParser {
+    /// Text the choice released. `out` was cleared by the caller.
+    fn push(&mut self, text: &str, out: &mut Parsed);
+    /// The choice finished: whatever is still held back. Called once, after the last `push`.
+    fn finish(&mut self, out: &mut Parsed);
+}
+
+/// Every byte of output is the message's content.
+pub(crate) struct PassThrough;
+
+impl OutputParser for PassThrough {
+    fn push(&mut self, text: &str, out: &mut Parsed) {
+        out.content.push_str(text);
+    }
+
+    fn finish(&mut self, _: &mut Parsed) {}
+}
+
+/// What the caller does after a message.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Read the next message of this engine request.
+    Next,
+    /// Every sample of this engine request finished before the engine said so (a stop string
+    /// the gateway found): abort it and read no more of it.
+    Abort,
+    /// The engine finished a sample with an error: the response fails (`fail`).
+    Failed(Status),
+}
+
+/// Every choice finished: what is left to send.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// A stream: the trailing events (usage chunk, `[DONE]`) are `pending`.
+    Events,
+    /// The whole JSON body.
+    Body(Vec<u8>),
+}
+
+// === impl ChoiceState ===
+
+/// One choice's progress.
+struct ChoiceState<'a> {
+    decoder: IncrementalDecoder<'a>,
+    stop: StopMatcher<'a>,
+    parser: Box<dyn OutputParser + 'a>,
+    /// The whole text (a response that is not streamed).
+    text: String,
+    finish: Option<String>,
+    completion: u64,
+    reasoning: u64,
+    /// Speculative decoding's counts, from GenerateComplete.
+    drafted: u64,
+    accepted: u64,
+    /// Its first chunk was written (chat's role chunk, completions' echo).
+    begun: bool,
+    /// The engine sent this sample's GenerateComplete.
+    engine_done: bool,
+    /// Log-probabilities of tokens whose text has not been sent yet.
+    lp: Vec<Entry>,
+    lp_offset: Offset,
+}
+
+impl ChoiceState<'_> {
+    /// Decodes `ids` and appends to `emit` the text that is certain (a possible stop string's
+    /// start is held back; nothing after a stop string comes out). `piece` is scratch.
+    /// Returns how many of `ids` were taken (the rest follow a stop string).
+    fn feed(&mut self, ids: &[u32], emit: &mut String, piece: &mut String) -> usize {
+        for (i, &t) in ids.iter().enumerate() {
+            piece.clear();
+            self.decoder.step(t, piece);
+            if self.stop.push(piece, emit) {
+                return i + 1;
+            }
+        }
+        ids.len()
+    }
+
+    /// Keeps the log-probabilities of the first `taken` tokens of a message.
+    fn keep_logprobs(&mut self, lp: Option<&OutputLogProbs>, taken: usize) {
+        if let Some(lp) = lp {
+            logprobs::take(lp, taken, &mut self.lp);
+        }
+    }
+
+    /// The pending log-probabilities as JSON into `out` (cleared first); false when none
+    /// were asked for.
+    fn render_logprobs(&mut self, prep: &Prepared, kind: Kind, tok: &Tokenizer, out: &mut Vec<u8>) -> bool {
+        let Some(top) = prep.logprobs else { return false };
+        out.clear();
+        logprobs::put(out, kind, tok, &self.lp, top, &mut self.lp_offset);
+        self.lp.clear();
+        true
+    }
+
+    /// The sample ended: what the decoder and the stop matcher still hold.
+    fn end(&mut self, emit: &mut String, piece: &mut String) {
+        if self.stop.stopped() {
+            return;
+        }
+        piece.clear();
+        self.decoder.finish(piece);
+        self.stop.push(piece, emit);
+        self.stop.finish(emit);
+    }
+}
+
+/// Per engine request: the prompt's counters (shared by its samples).
+#[derive(Default, Clone, Copy)]
+struct PromptCounts {
+    prompt: u64,
+    cached: u64,
+}
+
+fn usage_of(choices: &[ChoiceState<'_>], counts: &[PromptCounts]) -> Usage {
+    Usage {
+        prompt: counts.iter().map(|c| c.prompt).sum(),
+        cached: counts.iter().map(|c| c.cached).sum(),
+        completion: choices.iter().map(|c| c.completion).sum(),
+        reasoning: choices.iter().map(|c| c.reasoning).sum(),
+        drafted: choices.iter().map(|c| c.drafted).sum(),
+        accepted: choices.iter().map(|c| c.accepted).sum(),
+    }
+}
+
+// === impl Assembler ===
+
+/// One response's assembly, from the first engine message to the last event or body.
+pub(crate) struct Assembler<'a> {
+    prep: &'a Prepared,
+    tok: &'a Tokenizer,
+    meta: Meta<'a>,
+    /// DeepSeek's stream format: the whole request's usage on the last finish chunk (asked for
+    /// or not), `usage: null` before it when asked for, no usage-only chunk.
+    deepseek: bool,
+    n: usize,
+    choices: Vec<ChoiceState<'a>>,
+    counts: Vec<PromptCounts>,
+    /// SSE events not yet written.
+    events: Vec<u8>,
+    /// A message's released text, and the decoder's scratch.
+    text: String,
+    piece: String,
+    parsed: Parsed,
+    /// A chunk's `logprobs` JSON.
+    lp_json: Vec<u8>,
+}
+
+impl<'a> Assembler<'a> {
+    /// `deepseek`: the request's profile is DeepSeek's (its usage format applies to streams).
+    /// `parser` makes choice `i`'s output parser.
+    pub(crate) fn new(
+        prep: &'a Prepared,
+        tok: &'a Tokenizer,
+        meta: Meta<'a>,
+        deepseek: bool,
+        mut parser: impl FnMut(usize) -> Box<dyn OutputParser + 'a>,
+    ) -> Self {
+        let n = prep.n.max(1) as usize;
+        let kind = meta.kind;
+        let choices = (0..n * prep.prompts.len())
+            .map(|i| ChoiceState {
+                // A completion continues its prompt; a chat reply starts a message.
+                decoder: match kind {
+                    Kind::Completions => tok.decoder(prep.skip_special).continuing(),
+                    Kind::Chat => tok.decoder(prep.skip_special),
+                },
+                stop: StopMatcher::new(&prep.stop, prep.no_stop_trim),
+                parser: parser(i),
+                text: String::new(),
+                finish: None,
+                completion: 0,
+                reasoning: 0,
+                drafted: 0,
+                accepted: 0,
+                begun: false,
+                engine_done: false,
+                lp: Vec::new(),
+                // Completions' echo: the prompt's text starts each of its choices' offsets.
+                lp_offset: Offset(prep.echo.get(i / n).map_or(0, |e| e.chars().count() as u64)),
+            })
+            .collect();
+        Assembler {
+            prep,
+            tok,
+            meta,
+            deepseek: deepseek && prep.stream,
+            n,
+            choices,
+            counts: vec![PromptCounts::default(); prep.prompts.len()],
+            events: Vec::new(),
+            text: String::new(),
+            piece: String::new(),
+            parsed: Parsed::default(),
+            lp_json: Vec::new(),
+        }
+    }
+
+    /// SSE events to write (empty when the response is not streamed).
+    pub(crate) fn pending(&self) -> &[u8] {
+        &self.events
+    }
+
+    /// The pending events were written.
+    pub(crate) fn sent(&mut self) {
+        self.events.clear();
+    }
+
+    /// Token counts so far (the whole request's once every choice finished).
+    pub(crate) fn usage(&self) -> Usage {
+        usage_of(&self.choices, &self.counts)
+    }
+
+    /// A message of engine request `p` (the `p`-th prompt).
+    pub(crate) fn on_message(&mut self, p: usize, msg: GenerateResponse) -> Step {
+        let (n, prep) = (self.n, self.prep);
+        self.text.clear();
+        let i = match msg.response {
+            Some(generate_response::Response::Chunk(c)) => {
+                self.counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
+                let i = p * n + c.index as usize;
+                let Some(st) = self.choices.get_mut(i).filter(|st| st.finish.is_none()) else { return Step::Next };
+                st.completion = c.completion_tokens as u64;
+                st.reasoning = c.reasoning_tokens as u64;
+                let taken = st.feed(&c.token_ids, &mut self.text, &mut self.piece);
+                if prep.logprobs.is_some() {
+                    st.keep_logprobs(c.output_logprobs.as_ref(), taken);
+                }
+                if st.stop.stopped() {
+                    st.finish = Some("stop".into());
+                }
+                i
+            }
+            Some(generate_response::Response::Complete(c)) => {
+                self.counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
+                // Streaming: the sample its index names. Otherwise arrival order, as SMG reads
+                // them: SGLang's non-streaming Completes all carry index 0.
+                let i = if prep.stream {
+                    p * n + c.index as usize
+                } else {
+                    p * n + self.choices[p * n..(p + 1) * n].iter().filter(|s| s.engine_done).count()
+                };
+                let Some(st) = self.choices.get_mut(i) else { return Step::Next };
+                st.completion = c.completion_tokens as u64;
+                st.reasoning = c.reasoning_tokens as u64;
+                st.drafted = c.spec_draft_tokens as u64;
+                st.accepted = c.spec_accepted_tokens as u64;
+                st.engine_done = true;
+                if st.finish.is_some() {
+                    return Step::Next;
+                }
+                // Streaming: the tokens came in chunks; the whole output otherwise.
+                if !prep.stream {
+                    let taken = st.feed(&c.output_ids, &mut self.text, &mut self.piece);
+                    if prep.logprobs.is_some() {
+                        st.keep_logprobs(c.output_logprobs.as_ref(), taken);
+                    }
+                }
+                st.end(&mut self.text, &mut self.piece);
+                if st.stop.stopped() {
+                    st.finish = Some("stop".into());
+                } else {
+                    match reply::finish_reason(&c.finish_reason) {
+                        Some(f) => st.finish = Some(f.to_string()),
+                        None => return Step::Failed(Status::new(Code::INTERNAL, "the engine finished with an error")),
+                    }
+                }
+                i
+            }
+            None => return Step::Next,
+        };
+        self.release(i);
+        // Every sample of this engine request is done (stop strings found by the gateway
+        // before the engine's own end): the engine need not go on.
+        let samples = &self.choices[p * n..(p + 1) * n];
+        if samples.iter().all(|s| s.finish.is_some()) && !samples.iter().all(|s| s.engine_done) {
+            return Step::Abort;
+        }
+        Step::Next
+    }
+
+    /// Choice `i` released `self.text` (and may have finished): through its parser, then into
+    /// an SSE chunk or its whole text.
+    fn release(&mut self, i: usize) {
+        let prep = self.prep;
+        self.parsed.content.clear();
+        {
+            let st = &mut self.choices[i];
+            if !self.text.is_empty() {
+                st.parser.push(&self.text, &mut self.parsed);
+            }
+            if st.finish.is_some() {
+                st.parser.finish(&mut self.parsed);
+            }
+        }
+        let content = &mut self.parsed.content;
+        if !prep.stream {
+            self.choices[i].text.push_str(content);
+            return;
+        }
+        let last_finish = self.deepseek && self.choices.iter().all(|c| c.finish.is_some());
+        let total =
+            ((prep.continuous_usage && !self.deepseek) || last_finish).then(|| usage_of(&self.choices, &self.counts));
+        // Every chunk but DeepSeek's last finish chunk: the running usage (continuous stats),
+        // or DeepSeek's null when usage was asked for.
+        let before = match (&total, self.deepseek) {
+            (_, true) if prep.include_usage => ChunkUsage::Null,
+            (Some(u), false) => ChunkUsage::Of(u),
+            _ => ChunkUsage::Absent,
+        };
+        let st = &mut self.choices[i];
+        let first = !st.begun;
+        st.begun = true;
+        if first && self.meta.kind == Kind::Chat {
+            let d = Delta { role: true, ..Delta::default() };
+            reply::chunk(&mut self.events, &self.meta, i as u32, &d, before);
+        }
+        // Completions: a choice's first chunk leads with its echoed prompt, and its finish
+        // chunk ends with the suffix.
+        if first {
+            if let Some(e) = prep.echo.get(i / self.n) {
+                content.insert_str(0, e);
+            }
+        }
+        if let (Some(s), Some(_)) = (&prep.suffix, &st.finish) {
+            content.push_str(s);
+        }
+        if !content.is_empty() || st.finish.is_some() {
+            let lp = st.render_logprobs(prep, self.meta.kind, self.tok, &mut self.lp_json);
+            let d = Delta {
+                role: false,
+                text: (!content.is_empty()).then_some(content.as_str()),
+                finish: st.finish.as_deref(),
+                logprobs: lp.then_some(self.lp_json.as_slice()),
+            };
+            let usage = match &total {
+                Some(u) if last_finish => ChunkUsage::Of(u),
+                _ => before,
+            };
+            reply::chunk(&mut self.events, &self.meta, i as u32, &d, usage);
+        }
+    }
+
+    /// The engine's calls all ended. Err: some choice never finished (the engine ended a call
+    /// early); the caller then fails the response.
+    pub(crate) fn finish(&mut self) -> Result<Answer, Status> {
+        if self.choices.iter().any(|c| c.finish.is_none()) {
+            return Err(Status::new(Code::INTERNAL, "the engine ended the stream before every choice finished"));
+        }
+        let (prep, kind, n) = (self.prep, self.meta.kind, self.n);
+        let usage = self.usage();
+        if prep.stream {
+            if prep.include_usage && !self.deepseek {
+                reply::usage_chunk(&mut self.events, &self.meta, &usage);
+            }
+            self.events.extend_from_slice(reply::DONE);
+            return Ok(Answer::Events);
+        }
+        if !prep.echo.is_empty() || prep.suffix.is_some() {
+            for (i, c) in self.choices.iter_mut().enumerate() {
+                if let Some(e) = prep.echo.get(i / n) {
+                    c.text.insert_str(0, e);
+                }
+                if let Some(s) = &prep.suffix {
+                    c.text.push_str(s);
+                }
+            }
+        }
+        let tok = self.tok;
+        let lps: Vec<Option<Vec<u8>>> = self
+            .choices
+            .iter_mut()
+            .map(|c| {
+                let mut out = Vec::new();
+                c.render_logprobs(prep, kind, tok, &mut out).then_some(out)
+            })
+            .collect();
+        let list: Vec<Choice<'_>> = self
+            .choices
+            .iter()
+            .zip(&lps)
+            .enumerate()
+            .map(|(i, (c, lp))| Choice {
+                index: i as u32,
+                text: &c.text,
+                finish_reason: c.finish.as_deref().unwrap_or("stop"),
+                logprobs: lp.as_deref(),
+            })
+            .collect();
+        Ok(Answer::Body(reply::full(&self.meta, &list, &usage)))
+    }
+
+    /// The response fails after its stream started: the contract's error event, then `[DONE]`,
+    /// become `pending`.
+    pub(crate) fn fail(&mut self, s: &Status) {
+        reply::error_event(&mut self.events, &format!("Stream error: {s}"));
+        self.events.extend_from_slice(reply::DONE);
+    }
+}

@@ -1,0 +1,283 @@
+//! Phases pick → attempt → outcome → retry: the one upstream loop, whatever protocol the
+//! picked worker speaks. Each protocol's attempt lives in its own module (HTTP and HTTP
+//! Decisions in `upstream`, gRPC in `grpc`) and ends in an answer or a [`WorkerError`]
+//! that says what happened; this loop alone decides what follows:
+//!
+//! - a stale pooled socket (nothing reached the worker): the same worker, on a fresh
+//!   connection;
+//! - any other worker-side failure, or an HTTP answer with a retryable status, while
+//!   attempts are left and nothing reached the client: a worker picked again, after the
+//!   backoff. The failed workers are passed over while others are left, so a model served
+//!   by HTTP and gRPC workers fails over from one protocol to the other;
+//! - otherwise the answer is relayed, or the failure is the client's answer.
+//!
+//! Each attempt's verdict on its worker goes into the request context, once; `finish`
+//! hands them to the breakers.
+
+use std::rc::Rc;
+
+use super::client::Client;
+use super::ctx::RequestCtx;
+use super::error::{Failure, WorkerError};
+use super::finish::Outcome;
+use super::upstream::{relay_response, Answered, AttemptError, HttpRequest};
+use super::{decisions, grpc, pick};
+use crate::api::{ApiError, EndpointSpec};
+use crate::http::body::Body;
+use crate::http::head::RequestHead;
+use crate::io::sleep;
+use crate::retry::{self, RetryPolicy};
+use crate::shard::Shard;
+use crate::workers::breaker::Verdict;
+use crate::workers::WorkerId;
+
+/// What an attempt got: an answer to relay, by protocol.
+enum Answer {
+    Http(Answered),
+    Grpc(grpc::Begun),
+}
+
+/// See the module doc.
+pub(super) async fn forward(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    spec: &EndpointSpec,
+    body: &mut Body,
+) -> Outcome {
+    let mut http = HttpRequest::new(spec, head, &client.buf);
+    // gRPC workers with a text policy route on the prompt's token ids: tokenized before pick.
+    let mut on_grpc =
+        if shard.snapshot().any_grpc { grpc::early(shard, spec, ctx, body.bytes(&client.buf)) } else { None };
+    let mut watch = true;
+    let mut fresh = false;
+    // Workers this request failed on (allocates only on a retry).
+    let mut failed_on: Vec<WorkerId> = Vec::new();
+    loop {
+        let tokens = on_grpc.as_ref().and_then(|g| g.tokens());
+        let picked =
+            match pick::pick_worker(shard, spec, head, &client.buf, body.bytes(&client.buf), ctx, &failed_on, tokens) {
+                Ok(p) => p,
+                Err(f) => return Outcome::Failed(f),
+            };
+        let worker = picked.worker();
+        let (id, is_grpc) = (worker.id, worker.url.grpc);
+        if is_grpc && on_grpc.is_none() {
+            match grpc::GrpcRequest::new(spec, body.bytes(&client.buf)) {
+                Ok(g) => on_grpc = Some(g),
+                Err(f) => return Outcome::Failed(f),
+            }
+        }
+        ctx.attempts += 1;
+        // Until its response reaches the client, a request holding a scheduler slot may be
+        // preempted: the attempt (and with it the worker connection) is dropped at once.
+        let held = ctx.slot.as_ref().map(|s| Rc::clone(s.held()));
+        let attempt = async {
+            match on_grpc.as_mut() {
+                Some(g) if is_grpc => grpc::attempt(shard, client, ctx, &picked, g).await.map(Answer::Grpc),
+                _ => http.attempt(shard, client, head, ctx, &picked, body, fresh, &mut watch).await.map(Answer::Http),
+            }
+        };
+        let attempted = match held {
+            Some(held) => {
+                monoio::select! {
+                    r = attempt => {
+                        if r.is_ok() {
+                            held.start();
+                        }
+                        r
+                    }
+                    _ = held.preempted() => {
+                        // The attempt may have been writing the body from the connection's
+                        // buffer when it was dropped: what followed it cannot be trusted.
+                        ctx.close = true;
+                        return Outcome::Failed(Failure::Rejected(ApiError::scheduler_preempted()));
+                    }
+                }
+            }
+            None => attempt.await,
+        };
+        let failure: Option<WorkerError> = match attempted {
+            Ok(Answer::Grpc(begun)) => {
+                let Some(g) = on_grpc.as_ref() else { unreachable!("a gRPC attempt had its request") };
+                match grpc::relay(shard, client, head, ctx, g, begun).await {
+                    Ok(o) => return o,
+                    Err(e) => Some(e),
+                }
+            }
+            Ok(Answer::Http(answered)) if retry_status(answered.head.status, ctx.attempts, shard.cfg().retry) => {
+                // Dropping the answer closes its connection: its body is not worth reading.
+                let status = answered.head.status;
+                drop(answered);
+                ctx.judge(id, Verdict::of_status(status));
+                crate::debug!("request {}: worker {} answered {status}; retrying", ctx.id_str(), ctx.worker_url());
+                None
+            }
+            Ok(Answer::Http(answered)) if http.translates(&picked) && (200..300).contains(&answered.head.status) => {
+                let Some(plan) = http.plan() else { unreachable!("a translated attempt had its plan") };
+                return decisions::answer(shard, ctx, &picked, answered.conn, answered.head, plan).await;
+            }
+            Ok(Answer::Http(answered)) => {
+                ctx.retries_exhausted = retry::retryable_status(answered.head.status) && exhausted(shard, ctx);
+                let spare = std::mem::take(&mut http.up_head);
+                match relay_response(shard, client, head, ctx, &picked, answered, spare, watch).await {
+                    Ok(o) => return o,
+                    Err((e, spare)) => {
+                        http.up_head = spare;
+                        Some(e)
+                    }
+                }
+            }
+            Err(AttemptError::Failed(Failure::Worker(e))) => Some(e),
+            Err(AttemptError::Failed(f)) => return Outcome::Failed(f),
+            Err(AttemptError::ClientGone) => return Outcome::ClientGone,
+        };
+        if let Some(e) = failure {
+            match after_failure(&e, fresh, ctx.attempts, shard.cfg().retry) {
+                Next::Fresh => {
+                    // Its siblings in the pool were opened to the same worker process.
+                    shard.forget_conns(id);
+                    crate::debug!("request {}: stale pooled connection; retrying on a fresh one", ctx.id_str());
+                    fresh = true;
+                    continue;
+                }
+                Next::Fail { exhausted } => {
+                    if let Some(v) = e.verdict() {
+                        ctx.judge(id, v);
+                    }
+                    ctx.retries_exhausted = exhausted;
+                    return Outcome::Failed(Failure::Worker(e));
+                }
+                Next::Retry => {
+                    if let Some(v) = e.verdict() {
+                        ctx.judge(id, v);
+                    }
+                    crate::debug!("request {}: worker {}: {}; retrying", ctx.id_str(), ctx.worker_url(), e.cause);
+                }
+            }
+        }
+        failed_on.push(id);
+        ctx.chosen = None;
+        fresh = false;
+        let Some(policy) = shard.cfg().retry else { unreachable!("retried with retries off") };
+        let unit = (shard.next_random() >> 11) as f64 / (1u64 << 53) as f64;
+        sleep(policy.backoff(u32::from(ctx.attempts) + 1, unit)).await;
+    }
+}
+
+/// What follows a worker-side failure of attempt number `attempts`.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// The same worker on a fresh connection: a pooled socket proved stale (the request
+    /// never reached the worker). Once per pick.
+    Fresh,
+    /// Another worker, after the backoff.
+    Retry,
+    /// The failure is the answer; `exhausted`: every attempt the policy allows was used.
+    Fail { exhausted: bool },
+}
+
+/// The retry rule for failures, whatever the protocol: a stale socket gets one fresh
+/// connection; a failure another worker could not do better on is final; any other is
+/// retried while attempts are left (`retry` None: retries are off).
+fn after_failure(e: &WorkerError, fresh: bool, attempts: u8, retry: Option<RetryPolicy>) -> Next {
+    if e.stale_socket() && !fresh {
+        return Next::Fresh;
+    }
+    if e.final_answer() {
+        return Next::Fail { exhausted: false };
+    }
+    match retry {
+        Some(p) if u32::from(attempts) < p.max_attempts => Next::Retry,
+        Some(_) => Next::Fail { exhausted: true },
+        None => Next::Fail { exhausted: false },
+    }
+}
+
+/// An HTTP answer with this status is dropped and the request retried elsewhere.
+fn retry_status(status: u16, attempts: u8, retry: Option<RetryPolicy>) -> bool {
+    retry::retryable_status(status) && retry.is_some_and(|p| u32::from(attempts) < p.max_attempts)
+}
+
+/// Retries are on and this request used every attempt.
+fn exhausted(shard: &Shard, ctx: &RequestCtx) -> bool {
+    shard.cfg().retry.is_some_and(|p| u32::from(ctx.attempts) >= p.max_attempts)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::grpc::wire::{Code, Status};
+    use crate::serve::error::WorkerCause;
+
+    fn policy(max_attempts: u32) -> Option<RetryPolicy> {
+        let d = Duration::from_millis(1);
+        Some(RetryPolicy { max_attempts, initial: d, max: d, multiplier: 1.0, jitter: 0.0 })
+    }
+
+    fn err(cause: WorkerCause, reused: bool) -> WorkerError {
+        WorkerError::new(cause, reused)
+    }
+
+    fn io() -> io::Error {
+        io::Error::from(io::ErrorKind::ConnectionReset)
+    }
+
+    #[test]
+    fn a_stale_pooled_socket_gets_one_fresh_connection_then_counts_as_an_attempt() {
+        let stale = err(WorkerCause::ClosedBeforeHead(io()), true);
+        assert_eq!(after_failure(&stale, false, 1, policy(3)), Next::Fresh);
+        assert_eq!(after_failure(&stale, false, 1, None), Next::Fresh, "even with retries off");
+        assert_eq!(after_failure(&stale, true, 1, policy(3)), Next::Retry);
+        assert_eq!(after_failure(&stale, true, 3, policy(3)), Next::Fail { exhausted: true });
+        // A fresh connection that fails the same way is the worker's failure.
+        let fresh = err(WorkerCause::ClosedBeforeHead(io()), false);
+        assert_eq!(after_failure(&fresh, false, 1, policy(3)), Next::Retry);
+    }
+
+    #[test]
+    fn io_failures_and_retryable_engine_statuses_are_retried_alike() {
+        let failures = [
+            err(WorkerCause::Connect(io()), false),
+            err(WorkerCause::HeadTimeout, false),
+            err(WorkerCause::BadBody("cut"), true),
+            err(WorkerCause::Engine(Status::new(Code::UNAVAILABLE, "down")), false),
+            err(WorkerCause::Engine(Status::new(Code::INTERNAL, "boom")), false),
+            err(WorkerCause::Engine(Status::new(Code::RESOURCE_EXHAUSTED, "full")), false),
+        ];
+        for e in &failures {
+            assert_eq!(after_failure(e, false, 1, policy(2)), Next::Retry, "{e:?}");
+            assert_eq!(after_failure(e, false, 2, policy(2)), Next::Fail { exhausted: true }, "{e:?}");
+            assert_eq!(after_failure(e, false, 1, None), Next::Fail { exhausted: false }, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn what_another_worker_would_refuse_too_is_final_and_judged_by_its_cause() {
+        let invalid = err(WorkerCause::Engine(Status::new(Code::INVALID_ARGUMENT, "bad")), false);
+        assert_eq!(after_failure(&invalid, false, 1, policy(5)), Next::Fail { exhausted: false });
+        assert_eq!(invalid.verdict(), Some(Verdict::Success), "the request's fault, not the worker's");
+        let too_large = err(WorkerCause::TooLarge { len: 10, max: 5 }, false);
+        assert_eq!(after_failure(&too_large, false, 1, policy(5)), Next::Fail { exhausted: false });
+        assert_eq!(too_large.verdict(), None, "no mark on the worker");
+        let full = err(WorkerCause::Engine(Status::new(Code::RESOURCE_EXHAUSTED, "full")), false);
+        assert_eq!(full.verdict(), Some(Verdict::Neutral), "429: pushing back, alive");
+        assert_eq!(err(WorkerCause::Connect(io()), false).verdict(), Some(Verdict::Failure));
+    }
+
+    #[test]
+    fn http_answers_are_retried_on_the_retryable_statuses_while_attempts_last() {
+        for s in [408, 429, 500, 502, 503, 504] {
+            assert!(retry_status(s, 1, policy(2)), "{s}");
+            assert!(!retry_status(s, 2, policy(2)), "{s}: attempts used");
+            assert!(!retry_status(s, 1, None), "{s}: retries off");
+        }
+        for s in [200, 400, 404, 501] {
+            assert!(!retry_status(s, 1, policy(5)), "{s}");
+        }
+    }
+}
