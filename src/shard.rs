@@ -136,6 +136,9 @@ pub struct Shard {
     control_loads: RefCell<Arc<[usize]>>,
     /// The Snapshot generation the pool was last pruned for.
     pruned_for: Cell<u64>,
+    /// Ticks run: each one gossips, so a peer that has seen a later tick's report has its
+    /// digests and loads (`smg_shard_ticks_total`).
+    ticks: Cell<u64>,
     /// This shard's share of the admission permits (None without `--max-concurrent-requests`).
     permits: Option<Rc<RefCell<Permits>>>,
     /// The priority scheduler (None without `--priority-scheduler-enabled`).
@@ -189,7 +192,10 @@ impl Shard {
                 let s = Scheduler::new(Rc::new(p.clone()), index, cfg.cores, peers.sched);
                 (None, Some(Rc::new(RefCell::new(s))))
             }
-            (Some(a), None) => (Some(Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits)))), None),
+            (Some(a), None) => (
+                Some(Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits, crate::clock::now())))),
+                None,
+            ),
             (None, None) => (None, None),
         };
         Shard {
@@ -213,6 +219,7 @@ impl Shard {
             outcomes: RefCell::new(Vec::new()),
             control_loads: RefCell::new(Arc::from(Vec::new())),
             pruned_for: Cell::new(0),
+            ticks: Cell::new(0),
             permits,
             scheduler,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
@@ -265,6 +272,8 @@ impl Shard {
 
     fn report(&self) -> ShardReport {
         ShardReport {
+            shard: self.index,
+            ticks: self.ticks.get(),
             counts: self.metrics.as_ref().map(|m| m.snapshot()).unwrap_or_default(),
             inflight: self.inflight.get(),
             worker_loads: self.loads.borrow().own.clone(),
@@ -381,11 +390,11 @@ impl Shard {
     // --- upstream connections ---
 
     pub fn take_conn(&self, worker: WorkerId) -> Option<UpstreamConn> {
-        self.pool.take(worker)
+        self.pool.take(worker, crate::clock::now())
     }
 
     pub fn put_conn(&self, worker: WorkerId, conn: UpstreamConn) {
-        self.pool.put(worker, conn)
+        self.pool.put(worker, conn, crate::clock::now())
     }
 
     /// The gRPC connections (one per gRPC worker).
@@ -578,6 +587,8 @@ impl Shard {
     /// Periodic work: every tick, hand peers this shard's digest and loads; about once a
     /// second (`slow`), sweep idle pooled connections and age routing state.
     pub fn tick(&self, slow: bool) {
+        let now = crate::clock::now();
+        self.ticks.set(self.ticks.get() + 1);
         self.heartbeats.beat(self.index);
         self.date.refresh();
         self.gossip();
@@ -592,14 +603,14 @@ impl Shard {
             t.flush();
         }
         if let Some(p) = &self.permits {
-            p.borrow_mut().refill();
+            p.borrow_mut().refill(now);
         }
         if let Some(s) = self.scheduler() {
             s.borrow_mut().tick();
         }
         if slow {
-            self.pool.sweep();
-            self.router.borrow_mut().tick(crate::clock::now());
+            self.pool.sweep(now);
+            self.router.borrow_mut().tick(now);
         }
     }
 

@@ -7,7 +7,6 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use sonic_rs::JsonValueTrait;
 use support::*;
@@ -45,7 +44,8 @@ fn routed(r: &Response) -> String {
 #[test]
 fn cache_aware_keeps_conversations_on_one_worker_across_shards() {
     both_drivers(|legacy| {
-        let w = world(legacy, 3, &["--cores", "2"]);
+        let mport = free_port().to_string();
+        let w = world(legacy, 3, &["--cores", "2", "--prometheus-host", "127.0.0.1", "--prometheus-port", &mport]);
         let mut used = HashSet::new();
         for conv in 0..6 {
             let system = format!("You are assistant number {conv}. {}", "Follow the house style. ".repeat(40));
@@ -60,8 +60,8 @@ fn cache_aware_keeps_conversations_on_one_worker_across_shards() {
                     Some(f) => assert_eq!(&who, f, "conversation {conv} moved at turn {turn}"),
                 }
                 turns.push(("assistant".into(), format!("answer {turn}")));
-                // Real turns are seconds apart; digests cross shards every 100 ms.
-                std::thread::sleep(Duration::from_millis(150));
+                // Real turns are seconds apart, long after the digests crossed shards.
+                gossip::gossip_round(mport.parse().unwrap());
             }
             used.insert(first.unwrap());
         }
@@ -179,7 +179,24 @@ fn load_is_gateway_wide_across_shards() {
         let b = FakeWorker::start("m");
         b.state.healthy.store(false, std::sync::atomic::Ordering::SeqCst);
         let (ua, ub) = (a.url(), b.url());
-        let gw = Gateway::start(legacy, &["--worker-urls", &ua, &ub, "--policy", "least_load", "--cores", "2"]);
+        let mport = free_port().to_string();
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--worker-urls",
+                &ua,
+                &ub,
+                "--policy",
+                "least_load",
+                "--cores",
+                "2",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &mport,
+            ],
+        );
+        let mport: u16 = mport.parse().unwrap();
         gw.ready();
         // One long stream on A, held by whichever shard accepted it.
         let mut held = gw.connect();
@@ -190,15 +207,15 @@ fn load_is_gateway_wide_across_shards() {
         assert!(String::from_utf8_lossy(&raw).contains(&ua), "the stream must be on A");
         b.state.healthy.store(true, std::sync::atomic::Ordering::SeqCst);
         gw.ready_workers(2);
-        // Loads cross shards every 100 ms.
-        std::thread::sleep(Duration::from_millis(300));
+        // Both shards know A's stream.
+        gossip::gossip_round(mport);
         let short = chat(&[("user", "hi")]);
         for i in 0..12 {
             let who = routed(&post(gw.port, "/v1/chat/completions", &short, &[]));
             assert_eq!(who, ub, "request {i} went to the worker already serving a stream");
-            // Reports are up to one 100 ms tick old: let the finished request's report land,
-            // or the other shard may briefly see B=1 and tie.
-            std::thread::sleep(Duration::from_millis(250));
+            // Both shards know the finished request is gone, or the other shard may still
+            // see B=1 and tie.
+            gossip::gossip_round(mport);
         }
         drop(held);
     });

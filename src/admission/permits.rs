@@ -98,8 +98,15 @@ pub struct Permits {
 // === impl Permits ===
 
 impl Permits {
-    /// Shard `me` of `shards`, with its share of the permits and of the queue.
-    pub fn new(cfg: &AdmissionConfig, me: usize, shards: usize, peers: Vec<(usize, flume::Sender<PermitMsg>)>) -> Self {
+    /// Shard `me` of `shards`, with its share of the permits and of the queue; the token
+    /// bucket (if any) starts filling at `now`.
+    pub fn new(
+        cfg: &AdmissionConfig,
+        me: usize,
+        shards: usize,
+        peers: Vec<(usize, flume::Sender<PermitMsg>)>,
+        now: Instant,
+    ) -> Self {
         let share = cfg.permits / shards + usize::from(me < cfg.permits % shards);
         let refilling = cfg.refill_per_sec > 0.0;
         Permits {
@@ -113,14 +120,14 @@ impl Permits {
             next_ticket: 0,
             refill_per_sec: cfg.refill_per_sec / shards as f64,
             minted: 0.0,
-            last_refill: crate::clock::now(),
+            last_refill: now,
         }
     }
 
-    /// Takes a permit, or a place in the queue.
-    pub fn admit(this: &Rc<RefCell<Permits>>) -> Admit {
+    /// Takes a permit, or a place in the queue, for a request that arrived at `now`.
+    pub fn admit(this: &Rc<RefCell<Permits>>, now: Instant) -> Admit {
         let mut p = this.borrow_mut();
-        p.refill();
+        p.refill(now);
         if p.free > 0 && p.live_waiters() == 0 {
             p.free -= 1;
             return Admit::Now;
@@ -241,12 +248,12 @@ impl Permits {
         }
     }
 
-    /// Token-bucket refill (R > 0 only): mints whole permits owed since the last call.
-    pub fn refill(&mut self) {
-        if self.refill_per_sec <= 0.0 {
+    /// Token-bucket refill (R > 0 only): mints whole permits owed between the last call and
+    /// `now` (an earlier `now`, a request that arrived before the last tick, mints nothing).
+    pub fn refill(&mut self, now: Instant) {
+        if self.refill_per_sec <= 0.0 || now <= self.last_refill {
             return;
         }
-        let now = crate::clock::now();
         self.minted += now.duration_since(self.last_refill).as_secs_f64() * self.refill_per_sec;
         self.last_refill = now;
         while self.minted >= 1.0 {
@@ -317,6 +324,15 @@ impl Drop for Permit {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// One start per test thread: every time below is an offset from it.
+        static T0: Instant = crate::clock::now();
+    }
+
+    fn at(ms: u64) -> Instant {
+        T0.with(|t| *t) + std::time::Duration::from_millis(ms)
+    }
+
     fn cfg(permits: usize, queue: usize) -> AdmissionConfig {
         AdmissionConfig {
             permits,
@@ -330,8 +346,8 @@ mod tests {
     fn pair(permits: usize, queue: usize) -> [(Rc<RefCell<Permits>>, flume::Receiver<PermitMsg>); 2] {
         let (t0, r0) = flume::unbounded();
         let (t1, r1) = flume::unbounded();
-        let a = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 0, 2, vec![(1, t1)])));
-        let b = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 1, 2, vec![(0, t0)])));
+        let a = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 0, 2, vec![(1, t1)], T0.with(|t| *t))));
+        let b = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 1, 2, vec![(0, t0)], T0.with(|t| *t))));
         [(a, r0), (b, r1)]
     }
 
@@ -358,13 +374,13 @@ mod tests {
     fn permits_move_to_the_shard_that_waits() {
         let s = pair(2, 10);
         // One permit each; shard 0 takes its own, then queues and gets shard 1's.
-        assert!(matches!(Permits::admit(&s[0].0), Admit::Now));
-        let Admit::Queued(t) = Permits::admit(&s[0].0) else { panic!() };
+        assert!(matches!(Permits::admit(&s[0].0, at(0)), Admit::Now));
+        let Admit::Queued(t) = Permits::admit(&s[0].0, at(0)) else { panic!() };
         pump(&s);
         assert!(granted(&t));
         t.into_held();
         // Gateway-wide at 2: a third request on either shard waits.
-        let Admit::Queued(t3) = Permits::admit(&s[1].0) else { panic!() };
+        let Admit::Queued(t3) = Permits::admit(&s[1].0, at(0)) else { panic!() };
         pump(&s);
         assert!(!granted(&t3));
         // Shard 0 frees one: it pays shard 1's debt.
@@ -384,22 +400,22 @@ mod tests {
     fn a_waiter_that_left_passes_its_grant_on() {
         let s = pair(1, 10);
         // Shard 1 has no permit of its own (1 permit, 2 shards).
-        let Admit::Queued(t) = Permits::admit(&s[1].0) else { panic!() };
+        let Admit::Queued(t) = Permits::admit(&s[1].0, at(0)) else { panic!() };
         drop(t);
         pump(&s);
         // The grant landed where no one waits: it is a free permit there now.
         assert_eq!(s[0].0.borrow().free() + s[1].0.borrow().free(), 1);
-        assert!(matches!(Permits::admit(&s[1].0), Admit::Now));
+        assert!(matches!(Permits::admit(&s[1].0, at(0)), Admit::Now));
     }
 
     #[test]
     fn no_queue_asks_peers_then_refuses() {
         let s = pair(1, 0);
-        let Admit::Queued(t) = Permits::admit(&s[1].0) else { panic!() };
+        let Admit::Queued(t) = Permits::admit(&s[1].0, at(0)) else { panic!() };
         pump(&s);
         assert!(granted(&t), "shard 0's free permit is used, not refused");
         t.into_held();
-        let Admit::Queued(t2) = Permits::admit(&s[0].0) else { panic!() };
+        let Admit::Queued(t2) = Permits::admit(&s[0].0, at(0)) else { panic!() };
         pump(&s);
         assert_eq!(t2.waiter.state.get(), Wait::Refused);
     }
@@ -407,21 +423,41 @@ mod tests {
     #[test]
     fn queue_is_fifo_and_bounded() {
         let s = pair(2, 4);
-        assert!(matches!(Permits::admit(&s[0].0), Admit::Now));
-        assert!(matches!(Permits::admit(&s[1].0), Admit::Now));
+        assert!(matches!(Permits::admit(&s[0].0, at(0)), Admit::Now));
+        assert!(matches!(Permits::admit(&s[1].0, at(0)), Admit::Now));
         pump(&s);
-        let a = match Permits::admit(&s[0].0) {
+        let a = match Permits::admit(&s[0].0, at(0)) {
             Admit::Queued(t) => t,
             _ => panic!(),
         };
-        let b = match Permits::admit(&s[0].0) {
+        let b = match Permits::admit(&s[0].0, at(0)) {
             Admit::Queued(t) => t,
             _ => panic!(),
         };
-        assert!(matches!(Permits::admit(&s[0].0), Admit::Full), "share of a queue of 4 over 2 shards");
+        assert!(matches!(Permits::admit(&s[0].0, at(0)), Admit::Full), "share of a queue of 4 over 2 shards");
         pump(&s);
         s[0].0.borrow_mut().release();
         pump(&s);
         assert!(granted(&a) && !granted(&b));
+    }
+
+    #[test]
+    fn the_token_bucket_mints_by_elapsed_time_up_to_the_shards_share() {
+        // 2 permits, 4 a second, one shard: the pool holds at most 2.
+        let c = AdmissionConfig { refill_per_sec: 4.0, ..cfg(2, 4) };
+        let p = Rc::new(RefCell::new(Permits::new(&c, 0, 1, Vec::new(), at(0))));
+        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
+        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
+        let Admit::Queued(t) = Permits::admit(&p, at(100)) else { panic!("0.4 permits minted by 100 ms") };
+        assert!(!granted(&t));
+        p.borrow_mut().refill(at(250));
+        assert!(granted(&t), "the permit minted at 250 ms goes to the waiter");
+        t.into_held();
+        p.borrow_mut().refill(at(10_000));
+        assert_eq!(p.borrow().free(), 2, "ten seconds mint 39, the pool holds 2");
+        p.borrow_mut().refill(at(5_000));
+        assert_eq!(p.borrow().free(), 2, "an earlier time mints nothing");
+        p.borrow_mut().release();
+        assert_eq!(p.borrow().free(), 2, "a permit freed into a full pool is dropped");
     }
 }

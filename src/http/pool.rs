@@ -50,11 +50,10 @@ impl Pool {
         Self { idle: RefCell::new(Vec::new()), idle_timeout }
     }
 
-    /// The most recent idle connection to `worker` that is young enough and clean.
-    pub fn take(&self, worker: WorkerId) -> Option<UpstreamConn> {
+    /// The most recent idle connection to `worker` that is young enough at `now` and clean.
+    pub fn take(&self, worker: WorkerId, now: Instant) -> Option<UpstreamConn> {
         let mut idle = self.idle.borrow_mut();
         let list = idle.get_mut(worker.index())?;
-        let now = crate::clock::now();
         while let Some(mut c) = list.pop() {
             if now.duration_since(c.idle_since) >= self.idle_timeout {
                 // The newest is too old, so every older one is too.
@@ -71,13 +70,13 @@ impl Pool {
     }
 
     /// Pools `conn` for reuse. The caller vouches that its last response ended exactly at the
-    /// end of what was read and that the worker allowed keep-alive.
-    pub fn put(&self, worker: WorkerId, mut conn: UpstreamConn) {
+    /// end of what was read and that the worker allowed keep-alive. It is idle from `now`.
+    pub fn put(&self, worker: WorkerId, mut conn: UpstreamConn, now: Instant) {
         conn.buf.clear();
         if conn.buf.capacity() > 4 * UPSTREAM_BUF {
             conn.buf.shrink_to(UPSTREAM_BUF);
         }
-        conn.idle_since = crate::clock::now();
+        conn.idle_since = now;
         let mut idle = self.idle.borrow_mut();
         let i = worker.index();
         if idle.len() <= i {
@@ -103,9 +102,8 @@ impl Pool {
         }
     }
 
-    /// Closes connections idle past the timeout (oldest sit at the front).
-    pub fn sweep(&self) {
-        let now = crate::clock::now();
+    /// Closes connections idle past the timeout at `now` (oldest sit at the front).
+    pub fn sweep(&self, now: Instant) {
         for list in self.idle.borrow_mut().iter_mut() {
             let keep_from =
                 list.iter().position(|c| now.duration_since(c.idle_since) < self.idle_timeout).unwrap_or(list.len());

@@ -26,6 +26,8 @@ pub struct Gauges<'a> {
     pub budget: Option<crate::budget::shard::BudgetCounts>,
     /// The control thread's figures (breakers, health checks); None if it did not answer.
     pub fleet: Option<&'a FleetStats>,
+    /// (shard, ticks run) of each shard that answered, by shard.
+    pub shard_ticks: &'a [(usize, u64)],
 }
 
 /// Circuit breakers, health checks and overload, from the control thread.
@@ -421,6 +423,12 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         "Trace spans dropped because the exporter fell behind",
     );
     let _ = writeln!(out, "smg_trace_spans_dropped_total {}", g.spans_dropped);
+    // A shard's ticks: a stalled core shows as a counter that stops, and a scrape that sees
+    // every shard's count move has seen them all gossip since the previous one.
+    family(&mut out, "smg_shard_ticks_total", "counter", "Housekeeping ticks (gossip, reports, refills) run per shard");
+    for (shard, n) in g.shard_ticks {
+        let _ = writeln!(out, "smg_shard_ticks_total{} {n}", labels(&[("shard", &shard.to_string())]));
+    }
     out
 }
 
@@ -464,6 +472,7 @@ mod tests {
             budget: None,
             scheduler: None,
             fleet: None,
+            shard_ticks: &[(0, 41), (1, 40)],
         };
         let text = render(&m.snapshot(), &g, &DEFAULT_BUCKETS, "cache_aware");
         for line in [
@@ -473,6 +482,7 @@ mod tests {
             "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.005\"} 1",
             "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"+Inf\"} 1",
             "smg_http_connections_active 2",
+            "smg_shard_ticks_total{shard=\"1\"} 40",
             "smg_http_rate_limit_total{result=\"allowed\"} 1",
             "smg_router_requests_total{router_type=\"http\",backend_type=\"regular\",connection_mode=\"http\",model=\"m\\\"x\",endpoint=\"chat\",streaming=\"true\"} 1",
             "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"chat\"} 1",

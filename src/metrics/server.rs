@@ -36,8 +36,10 @@ impl Scraper {
         let mut spans_dropped = 0;
         let mut budget: Option<crate::budget::shard::BudgetCounts> = None;
         let mut scheduler: Option<[(usize, usize, u64); 4]> = None;
+        let mut shard_ticks = Vec::with_capacity(asked);
         for _ in 0..asked {
             let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
+            shard_ticks.push((r.shard, r.ticks));
             counts.merge(&r.counts);
             routers.push(r.router);
             spans_dropped += r.spans_dropped;
@@ -73,6 +75,7 @@ impl Scraper {
         let (tx, rx) = flume::bounded(1);
         let asked = self.control.send(ControlMsg::Stats(tx)).is_ok();
         let fleet = if asked { rx.recv_timeout(Duration::from_secs(1)).ok() } else { None };
+        shard_ticks.sort_unstable();
         let g = Gauges {
             snapshot: &snap,
             inflight,
@@ -83,6 +86,7 @@ impl Scraper {
             budget,
             scheduler,
             fleet: fleet.as_ref(),
+            shard_ticks: &shard_ticks,
         };
         render(&counts, &g, &self.bounds, &self.policy)
     }

@@ -321,6 +321,9 @@ impl ShardMetrics {
 /// What a shard answers a scrape with: its counts and its gauges.
 #[derive(Debug, Clone, Default)]
 pub struct ShardReport {
+    pub shard: usize,
+    /// Ticks this shard has run.
+    pub ticks: u64,
     pub counts: Counts,
     /// Requests between head and the end of their response.
     pub inflight: usize,

@@ -4,6 +4,7 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 #![allow(dead_code)]
 pub mod admit;
+pub mod gossip;
 pub mod redis_server;
 pub mod rogue;
 pub mod sim;
