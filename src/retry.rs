@@ -26,9 +26,10 @@ impl RetryPolicy {
     }
 }
 
-/// Statuses worth another attempt on another worker.
+/// Statuses worth another attempt on another worker, as SMG 1.13 retries: a 500 (and any
+/// other status) is the answer, given once, as is.
 pub fn retryable_status(status: u16) -> bool {
-    matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
+    matches!(status, 408 | 429 | 502 | 503 | 504)
 }
 
 #[cfg(test)]

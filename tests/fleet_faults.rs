@@ -100,9 +100,9 @@ fn breaker(gw: &Gateway, url: &str) -> String {
 }
 
 #[test]
-fn always_5xx_retries_on_the_healthy_worker_and_the_breaker_opens_then_closes() {
+fn always_503_retries_on_the_healthy_worker_and_the_breaker_opens_then_closes() {
     both_drivers(|legacy| {
-        let bad = Sim::start("m", &["--fail-rate", "1", "--fail-status", "500"]);
+        let bad = Sim::start("m", &["--fail-rate", "1", "--fail-status", "503"]);
         let good = Sim::start("m", &[]);
         let mport = free_port().to_string();
         let gw = gateway(
@@ -122,7 +122,7 @@ fn always_5xx_retries_on_the_healthy_worker_and_the_breaker_opens_then_closes() 
                 &mport,
             ],
         );
-        all_complete(&wave(gw.port, 3, false, 4), false, Duration::from_secs(5), "5xx");
+        all_complete(&wave(gw.port, 3, false, 4), false, Duration::from_secs(5), "503");
         assert_eq!(breaker(&gw, &bad.url()), "open");
         let metrics = || try_get(mport.parse().unwrap(), "/metrics").map(|r| r.text()).unwrap_or_default();
         let (b, g) = (bad.url(), good.url());
@@ -141,7 +141,7 @@ fn always_5xx_retries_on_the_healthy_worker_and_the_breaker_opens_then_closes() 
         // One breaker for both shards: 100 new connections (spread over both) reach only
         // the healthy worker.
         let before = bad.served();
-        all_complete(&wave(gw.port, 2, false, 4), false, Duration::from_secs(5), "5xx, breaker open");
+        all_complete(&wave(gw.port, 2, false, 4), false, Duration::from_secs(5), "503, breaker open");
         assert_eq!(bad.served(), before, "a request reached the worker whose breaker is open");
         // Healed, it is let back on probation after the timeout and closes after 2 successes.
         bad.control(r#"{"fail_rate":0}"#);
@@ -155,6 +155,45 @@ fn always_5xx_retries_on_the_healthy_worker_and_the_breaker_opens_then_closes() 
         let before = bad.served();
         all_complete(&wave(gw.port, 1, false, 4), false, Duration::from_secs(5), "healed");
         assert!(bad.served() > before, "a closed breaker takes traffic again");
+    });
+}
+
+/// A 500 is the worker's answer to this request (an image sent to a text-only model is
+/// enough): given once, as is, and one failure per request on the breaker, as SMG 1.13 does.
+/// Retried and counted per attempt, two such requests would take the model offline.
+#[test]
+fn a_500_is_answered_once_and_counts_once_against_the_breaker() {
+    both_drivers(|legacy| {
+        let bad = Sim::start("m", &["--fail-rate", "1", "--fail-status", "500"]);
+        let mport = free_port().to_string();
+        // The default breaker (10 failures) and retries (5 attempts).
+        let url = bad.url();
+        let gw = Gateway::start(
+            legacy,
+            &["--worker-urls", &url, "--cores", "2", "--prometheus-host", "127.0.0.1", "--prometheus-port", &mport],
+        );
+        gw.ready_workers(1);
+        let metrics = || try_get(mport.parse().unwrap(), "/metrics").map(|r| r.text()).unwrap_or_default();
+        let failures = |n: u32| format!("smg_worker_cb_consecutive_failures{{worker=\"{url}\"}} {n}");
+        let ask = || post(gw.port, "/v1/chat/completions", &body(false, 2), &[]);
+        let failed = || bad.stats()["failed"].as_u64().unwrap_or(0);
+        for i in 1..=9 {
+            let r = ask();
+            assert_eq!(r.status, 500, "request {i}: the worker's 500, as is: {}", r.text());
+            assert_eq!(failed(), i, "request {i}: one attempt per request");
+        }
+        assert!(
+            wait_until(patience(Duration::from_secs(5)), || metrics().contains(&failures(9))),
+            "nine requests, nine failures:\n{}",
+            metrics()
+        );
+        assert_eq!(breaker(&gw, &url), "closed", "nine bad requests took the model offline");
+        // The tenth opens it, as SMG's breaker of 10 does.
+        assert_eq!(ask().status, 500);
+        assert!(wait_until(patience(Duration::from_secs(5)), || breaker(&gw, &url) == "open"));
+        let r = ask();
+        assert_eq!((r.status, r.header("x-smg-error-code")), (503, Some("no_available_workers")), "{}", r.text());
+        assert_eq!(failed(), 10);
     });
 }
 

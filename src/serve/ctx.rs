@@ -58,6 +58,24 @@ struct Verdicts {
     more: Vec<(WorkerId, Verdict)>,
 }
 
+impl Verdicts {
+    /// `worker`'s verdict is this attempt's, replacing an earlier attempt's there.
+    fn note(&mut self, worker: WorkerId, v: Verdict) {
+        match &mut self.first {
+            None => self.first = Some((worker, v)),
+            Some(f) if f.0 == worker => f.1 = v,
+            Some(_) => match self.more.iter_mut().find(|(w, _)| *w == worker) {
+                Some(m) => m.1 = v,
+                None => self.more.push((worker, v)),
+            },
+        }
+    }
+
+    fn drain(self) -> impl Iterator<Item = (WorkerId, Verdict)> {
+        self.first.into_iter().chain(self.more)
+    }
+}
+
 /// When things happened.
 #[derive(Debug, Clone, Copy)]
 pub struct Timings {
@@ -191,17 +209,16 @@ impl RequestCtx {
     }
 
     /// Notes what an attempt said about `worker`; once per attempt (see `finish`).
+    /// Notes what an attempt says about `worker`. A request counts once per worker it
+    /// tried, with its last attempt there: retries against one worker must not multiply one
+    /// request's failure on its breaker (a client's bad input cannot take a model offline).
     pub fn judge(&mut self, worker: WorkerId, v: Verdict) {
-        match self.verdicts.first {
-            None => self.verdicts.first = Some((worker, v)),
-            Some(_) => self.verdicts.more.push((worker, v)),
-        }
+        self.verdicts.note(worker, v);
     }
 
     /// The attempts' verdicts, each given out once.
     pub fn take_verdicts(&mut self) -> impl Iterator<Item = (WorkerId, Verdict)> {
-        let v = std::mem::take(&mut self.verdicts);
-        v.first.into_iter().chain(v.more)
+        std::mem::take(&mut self.verdicts).drain()
     }
 
     pub fn id_str(&self) -> std::borrow::Cow<'_, str> {
@@ -230,4 +247,22 @@ fn request_id(shard: &Shard, head: Option<(&RequestHead, &[u8])>, prefix: &str) 
     put_hex_width(&mut id, shard.next_random(), 16);
     put_hex_width(&mut id, shard.next_random(), 8);
     id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_counts_once_per_worker_with_its_last_attempt_there() {
+        let (a, b) = (WorkerId(0), WorkerId(1));
+        let mut v = Verdicts::default();
+        for _ in 0..5 {
+            v.note(a, Verdict::Failure);
+        }
+        v.note(b, Verdict::Failure);
+        v.note(b, Verdict::Success);
+        v.note(a, Verdict::Neutral);
+        assert_eq!(v.drain().collect::<Vec<_>>(), [(a, Verdict::Neutral), (b, Verdict::Success)]);
+    }
 }

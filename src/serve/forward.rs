@@ -246,7 +246,6 @@ mod tests {
             err(WorkerCause::HeadTimeout, false),
             err(WorkerCause::BadBody("cut"), true),
             err(WorkerCause::Engine(Status::new(Code::UNAVAILABLE, "down")), false),
-            err(WorkerCause::Engine(Status::new(Code::INTERNAL, "boom")), false),
             err(WorkerCause::Engine(Status::new(Code::RESOURCE_EXHAUSTED, "full")), false),
         ];
         for e in &failures {
@@ -261,6 +260,9 @@ mod tests {
         let invalid = err(WorkerCause::Engine(Status::new(Code::INVALID_ARGUMENT, "bad")), false);
         assert_eq!(after_failure(&invalid, false, 1, policy(5)), Next::Fail { exhausted: false });
         assert_eq!(invalid.verdict(), Some(Verdict::Success), "the request's fault, not the worker's");
+        let internal = err(WorkerCause::Engine(Status::new(Code::INTERNAL, "boom")), false);
+        assert_eq!(after_failure(&internal, false, 1, policy(5)), Next::Fail { exhausted: false }, "500, as HTTP's");
+        assert_eq!(internal.verdict(), Some(Verdict::Failure));
         let too_large = err(WorkerCause::TooLarge { len: 10, max: 5 }, false);
         assert_eq!(after_failure(&too_large, false, 1, policy(5)), Next::Fail { exhausted: false });
         assert_eq!(too_large.verdict(), None, "no mark on the worker");
@@ -271,13 +273,13 @@ mod tests {
 
     #[test]
     fn http_answers_are_retried_on_the_retryable_statuses_while_attempts_last() {
-        for s in [408, 429, 500, 502, 503, 504] {
+        for s in [408, 429, 502, 503, 504] {
             assert!(retry_status(s, 1, policy(2)), "{s}");
             assert!(!retry_status(s, 2, policy(2)), "{s}: attempts used");
             assert!(!retry_status(s, 1, None), "{s}: retries off");
         }
-        for s in [200, 400, 404, 501] {
-            assert!(!retry_status(s, 1, policy(5)), "{s}");
+        for s in [200, 400, 404, 500, 501] {
+            assert!(!retry_status(s, 1, policy(5)), "{s}: answered once, as is");
         }
     }
 }
