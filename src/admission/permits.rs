@@ -21,9 +21,15 @@
 //!
 //! `--queue-size 0` still asks the peers, with `Want { queue: false }`: a peer with no free
 //! permit answers `Deny` instead of recording a debt, and the request is refused (429) once
-//! every peer denied. With `--rate-limit-tokens-per-second R > 0` (SMG's token bucket) each
-//! shard also mints R / shards permits a second into its free pool, which holds at most its
-//! share of N; a permit freed into a full pool is dropped. R = 0 is a pure concurrency cap.
+//! every peer denied.
+//!
+//! `--rate-limit-tokens-per-second R > 0` limits how fast requests are admitted, never how
+//! many run: permits are never minted, so at most N are in flight whatever R says. Admitting
+//! a request here also takes a token from this shard's bucket, which fills at R / shards a
+//! second and holds at most its share of N (at least one). A permit that finds a local
+//! waiter but no token stays here until the bucket refills on the next tick (the waiter is
+//! refused at once under `--queue-size 0`). Across shards the buckets together admit at most
+//! R a second; a burst can exceed R by at most one token per shard, and never the cap N.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -81,17 +87,17 @@ pub struct Ticket {
 pub struct Permits {
     me: usize,
     free: usize,
-    /// Most free permits this shard keeps.
-    pool_cap: usize,
     waiters: VecDeque<Rc<Waiter>>,
     queue_cap: usize,
     /// Peers waiting for a permit from us, oldest first.
     debts: VecDeque<usize>,
     peers: Vec<(usize, flume::Sender<PermitMsg>)>,
     next_ticket: u64,
-    /// Token-bucket refill: permits per second this shard mints, and the fraction owed.
+    /// The admission rate: tokens this shard's bucket gains a second (0: no rate limit),
+    /// tokens in it, its size, and when it was last filled.
     refill_per_sec: f64,
-    minted: f64,
+    tokens: f64,
+    bucket_cap: f64,
     last_refill: Instant,
 }
 
@@ -108,18 +114,17 @@ impl Permits {
         now: Instant,
     ) -> Self {
         let share = cfg.permits / shards + usize::from(me < cfg.permits % shards);
-        let refilling = cfg.refill_per_sec > 0.0;
         Permits {
             me,
             free: share,
-            pool_cap: if refilling { share.max(1) } else { cfg.permits },
             waiters: VecDeque::new(),
             queue_cap: cfg.queue_size.div_ceil(shards),
             debts: VecDeque::new(),
             peers,
             next_ticket: 0,
             refill_per_sec: cfg.refill_per_sec / shards as f64,
-            minted: 0.0,
+            tokens: share.max(1) as f64,
+            bucket_cap: share.max(1) as f64,
             last_refill: now,
         }
     }
@@ -128,15 +133,17 @@ impl Permits {
     pub fn admit(this: &Rc<RefCell<Permits>>, now: Instant) -> Admit {
         let mut p = this.borrow_mut();
         p.refill(now);
-        if p.free > 0 && p.live_waiters() == 0 {
+        let queue = p.queue_cap > 0;
+        // A free permit with no token for it: wait for the bucket.
+        let rate_bound = p.free > 0;
+        if rate_bound && p.live_waiters() == 0 && p.take_token() {
             p.free -= 1;
             return Admit::Now;
         }
-        let queue = p.queue_cap > 0;
         if queue && p.live_waiters() >= p.queue_cap {
             return Admit::Full;
         }
-        if !queue && p.peers.is_empty() {
+        if !queue && (rate_bound || p.peers.is_empty()) {
             return Admit::Full;
         }
         p.next_ticket += 1;
@@ -149,6 +156,7 @@ impl Permits {
         });
         p.waiters.push_back(Rc::clone(&waiter));
         let from = p.me;
+        // Asked even when a free permit only lacks a token: a peer may take that one meanwhile.
         for (_, peer) in &p.peers {
             // Unbounded: never fails while the peer shard lives.
             let _ = peer.send(PermitMsg::Want { from, ticket, queue });
@@ -213,8 +221,30 @@ impl Permits {
         self.live_waiters()
     }
 
-    /// Gives one permit to this shard's oldest waiter, else the oldest debt, else the pool.
+    /// Gives one permit to this shard's oldest waiter (with a token), else the oldest debt,
+    /// else the pool. A waiter without a token leaves the permit in the pool for the next
+    /// refill, or, under `--queue-size 0`, is refused and the permit placed on.
     fn place_permit(&mut self) {
+        self.prune();
+        if self.live_waiters() > 0 {
+            if self.take_token() {
+                self.grant_oldest();
+                return;
+            }
+            if self.queue_cap > 0 {
+                self.free += 1;
+                return;
+            }
+            self.refuse_waiters();
+        }
+        if let Some(peer) = self.debts.pop_front() {
+            self.send(peer, PermitMsg::Grant);
+            return;
+        }
+        self.free += 1;
+    }
+
+    fn grant_oldest(&mut self) {
         while let Some(w) = self.waiters.pop_front() {
             if w.state.get() == Wait::Queued {
                 w.state.set(Wait::Granted);
@@ -222,13 +252,28 @@ impl Permits {
                 return;
             }
         }
-        if let Some(peer) = self.debts.pop_front() {
-            self.send(peer, PermitMsg::Grant);
-            return;
+    }
+
+    /// No-queue waiters that found a permit but no token: refused (429) now.
+    fn refuse_waiters(&mut self) {
+        for w in self.waiters.drain(..) {
+            if w.state.get() == Wait::Queued {
+                w.state.set(Wait::Refused);
+                wake(&w);
+            }
         }
-        if self.free < self.pool_cap {
-            self.free += 1;
+    }
+
+    /// Takes one admission token (always there with no rate limit).
+    fn take_token(&mut self) -> bool {
+        if self.refill_per_sec <= 0.0 {
+            return true;
         }
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return true;
+        }
+        false
     }
 
     fn send(&self, to: usize, msg: PermitMsg) {
@@ -248,21 +293,19 @@ impl Permits {
         }
     }
 
-    /// Token-bucket refill (R > 0 only): mints whole permits owed between the last call and
-    /// `now` (an earlier `now`, a request that arrived before the last tick, mints nothing).
+    /// Fills the bucket for the time between the last call and `now` (an earlier `now`, a
+    /// request that arrived before the last tick, adds nothing), then admits the waiters
+    /// that free permits were kept for.
     pub fn refill(&mut self, now: Instant) {
         if self.refill_per_sec <= 0.0 || now <= self.last_refill {
             return;
         }
-        self.minted += now.duration_since(self.last_refill).as_secs_f64() * self.refill_per_sec;
+        let gained = now.duration_since(self.last_refill).as_secs_f64() * self.refill_per_sec;
+        self.tokens = (self.tokens + gained).min(self.bucket_cap);
         self.last_refill = now;
-        while self.minted >= 1.0 {
-            self.minted -= 1.0;
-            if self.free >= self.pool_cap && self.live_waiters() == 0 && self.debts.is_empty() {
-                self.minted = 0.0;
-                break;
-            }
-            self.place_permit();
+        while self.free > 0 && self.live_waiters() > 0 && self.take_token() {
+            self.free -= 1;
+            self.grant_oldest();
         }
     }
 }
@@ -442,22 +485,127 @@ mod tests {
     }
 
     #[test]
-    fn the_token_bucket_mints_by_elapsed_time_up_to_the_shards_share() {
-        // 2 permits, 4 a second, one shard: the pool holds at most 2.
+    fn the_rate_limits_admissions_never_how_many_run() {
+        // 2 permits, 4 admissions a second, one shard: the bucket holds 2 tokens.
         let c = AdmissionConfig { refill_per_sec: 4.0, ..cfg(2, 4) };
         let p = Rc::new(RefCell::new(Permits::new(&c, 0, 1, Vec::new(), at(0))));
         assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
         assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
-        let Admit::Queued(t) = Permits::admit(&p, at(100)) else { panic!("0.4 permits minted by 100 ms") };
-        assert!(!granted(&t));
-        p.borrow_mut().refill(at(250));
-        assert!(granted(&t), "the permit minted at 250 ms goes to the waiter");
-        t.into_held();
-        p.borrow_mut().refill(at(10_000));
-        assert_eq!(p.borrow().free(), 2, "ten seconds mint 39, the pool holds 2");
-        p.borrow_mut().refill(at(5_000));
-        assert_eq!(p.borrow().free(), 2, "an earlier time mints nothing");
+        let Admit::Queued(t) = Permits::admit(&p, at(10_000)) else { panic!("ten seconds of tokens mint no permit") };
+        assert!(!granted(&t), "both permits are held");
         p.borrow_mut().release();
-        assert_eq!(p.borrow().free(), 2, "a permit freed into a full pool is dropped");
+        assert!(granted(&t), "a freed permit goes to the waiter: the bucket has tokens");
+        t.into_held();
+        // The bucket is down to one token (two taken at 0, refilled to 2, one taken now).
+        p.borrow_mut().release();
+        assert!(matches!(Permits::admit(&p, at(10_000)), Admit::Now));
+        p.borrow_mut().release();
+        let Admit::Queued(t) = Permits::admit(&p, at(10_000)) else { panic!("a free permit but no token") };
+        assert_eq!(p.borrow().free(), 1);
+        p.borrow_mut().refill(at(10_100));
+        assert!(!granted(&t), "0.4 tokens by 100 ms");
+        p.borrow_mut().refill(at(9_000));
+        assert!(!granted(&t), "an earlier time adds nothing");
+        p.borrow_mut().refill(at(10_250));
+        assert!(granted(&t), "the token of 250 ms admits the waiter");
+        assert_eq!(p.borrow().free(), 0);
+    }
+
+    #[test]
+    fn without_a_queue_a_request_with_no_token_is_refused() {
+        let c = AdmissionConfig { refill_per_sec: 1.0, ..cfg(2, 0) };
+        let p = Rc::new(RefCell::new(Permits::new(&c, 0, 1, Vec::new(), at(0))));
+        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
+        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
+        p.borrow_mut().release();
+        assert!(matches!(Permits::admit(&p, at(100)), Admit::Full), "a permit, no token");
+        assert!(matches!(Permits::admit(&p, at(1_100)), Admit::Now), "a token a second");
+    }
+
+    /// Random arrivals, departures, releases and message deliveries (in any order across
+    /// shards) for every cap 1..=8 on 1..=4 shards: never more than N admitted at once, and
+    /// every permit back in a pool once everyone has gone.
+    #[test]
+    fn exact_for_every_cap_and_shard_count_in_any_order() {
+        for permits in 1..=8usize {
+            for shards in 1..=4usize {
+                for seed in 0..20u64 {
+                    let mut rng = fastrand::Rng::with_seed(seed * 1000 + (permits * 10 + shards) as u64);
+                    let queue = rng.usize(0..=4);
+                    // Half the runs also limit the admission rate, with time moving on.
+                    let c = AdmissionConfig {
+                        refill_per_sec: if seed % 2 == 0 { 0.0 } else { 3.0 },
+                        ..cfg(permits, queue)
+                    };
+                    let mut now_ms = 0;
+                    let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded::<PermitMsg>()).unzip();
+                    let s: Vec<Rc<RefCell<Permits>>> = (0..shards)
+                        .map(|me| {
+                            let peers = (0..shards).filter(|&i| i != me).map(|i| (i, txs[i].clone())).collect();
+                            Rc::new(RefCell::new(Permits::new(&c, me, shards, peers, at(0))))
+                        })
+                        .collect();
+                    let mut held: Vec<usize> = Vec::new();
+                    let mut waiting: Vec<(usize, Ticket)> = Vec::new();
+                    for _ in 0..400 {
+                        match rng.u8(0..5) {
+                            0 => {
+                                let at_shard = rng.usize(0..shards);
+                                match Permits::admit(&s[at_shard], at(now_ms)) {
+                                    Admit::Now => held.push(at_shard),
+                                    Admit::Queued(t) => waiting.push((at_shard, t)),
+                                    Admit::Full => {}
+                                }
+                            }
+                            1 if !held.is_empty() => {
+                                let i = held.swap_remove(rng.usize(0..held.len()));
+                                s[i].borrow_mut().release();
+                            }
+                            2 if !waiting.is_empty() => drop(waiting.swap_remove(rng.usize(0..waiting.len()))),
+                            3 => {
+                                now_ms += rng.u64(0..400);
+                                s[rng.usize(0..shards)].borrow_mut().refill(at(now_ms));
+                            }
+                            _ => {
+                                let i = rng.usize(0..shards);
+                                if let Ok(m) = rxs[i].try_recv() {
+                                    s[i].borrow_mut().on_message(m);
+                                }
+                            }
+                        }
+                        // Granted tickets become held permits.
+                        let mut k = 0;
+                        while k < waiting.len() {
+                            if granted(&waiting[k].1) {
+                                let (i, t) = waiting.swap_remove(k);
+                                t.into_held();
+                                held.push(i);
+                            } else {
+                                k += 1;
+                            }
+                        }
+                        assert!(held.len() <= permits, "{} admitted with N={permits} on {shards} shards", held.len());
+                    }
+                    waiting.clear();
+                    for i in held.drain(..) {
+                        s[i].borrow_mut().release();
+                    }
+                    loop {
+                        let mut moved = false;
+                        for (i, rx) in rxs.iter().enumerate() {
+                            while let Ok(m) = rx.try_recv() {
+                                s[i].borrow_mut().on_message(m);
+                                moved = true;
+                            }
+                        }
+                        if !moved {
+                            break;
+                        }
+                    }
+                    let free: usize = s.iter().map(|p| p.borrow().free()).sum();
+                    assert_eq!(free, permits, "a permit was lost or made (N={permits}, {shards} shards, seed {seed})");
+                }
+            }
+        }
     }
 }

@@ -182,7 +182,7 @@ impl Gateway {
 
     pub fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_read_timeout(Some(patience(Duration::from_secs(10)))).unwrap();
         s.set_nodelay(true).unwrap();
         s
     }
@@ -228,6 +228,8 @@ pub struct WorkerState {
     pub max_in_flight: AtomicUsize,
     /// `max_running_requests` on `/get_server_info` (0: that route answers 404).
     pub max_running: AtomicUsize,
+    /// `GET /health` requests answered (the gateway's health checks).
+    pub health_checks: AtomicUsize,
 }
 
 impl WorkerState {
@@ -353,6 +355,7 @@ fn serve(mut s: TcpStream, conn: usize, st: &WorkerState, model: &str) {
         let rec = Recorded { path: path.clone(), headers, body: body.clone(), conn };
         let keep = match path.as_str() {
             "/health" => {
+                st.health_checks.fetch_add(1, Ordering::SeqCst);
                 let code = if st.healthy.load(Ordering::SeqCst) { 200 } else { 503 };
                 reply(&mut s, code, "text/plain", b"ok", &[])
             }
@@ -644,7 +647,7 @@ pub fn fill(s: &mut TcpStream, rest: &mut Vec<u8>) -> std::io::Result<()> {
 
 pub fn try_get(port: u16, path: &str) -> std::io::Result<Response> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(patience(Duration::from_secs(5))))?;
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())?;
     read_response(&mut s, &mut Vec::new(), false)
 }
@@ -653,10 +656,18 @@ pub fn get(port: u16, path: &str) -> Response {
     try_get(port, path).unwrap()
 }
 
+/// The value of `series` (a metric's name with its labels, as exposed, e.g.
+/// `smg_scheduler_inflight{class="bulk"}`) on the metrics listener at `port`; None when the
+/// scrape fails or has no such series.
+pub fn metric(port: u16, series: &str) -> Option<f64> {
+    let text = try_get(port, "/metrics").ok()?.text();
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// POSTs JSON on a fresh connection with extra header lines ("Name: value").
 pub fn post(port: u16, path: &str, body: &str, headers: &[&str]) -> Response {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.set_read_timeout(Some(patience(Duration::from_secs(15)))).unwrap();
     s.write_all(post_bytes(path, body, headers).as_bytes()).unwrap();
     read_response(&mut s, &mut Vec::new(), false).unwrap()
 }

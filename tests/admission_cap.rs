@@ -1,0 +1,53 @@
+//! `--max-concurrent-requests N` is a concurrency cap on every shard count, whatever
+//! `--rate-limit-tokens-per-second` says (its default is N, as SMG's): the rate limits how
+//! fast requests are admitted, never how many run. Slow requests arriving half a second
+//! apart must never put more than N at the worker at once.
+// clippy.toml's house rules are the gateway's: a test's threads are not shards and may sleep.
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::io::Write;
+use std::time::Duration;
+
+use support::rogue::connect_with;
+use support::*;
+
+/// A stream of `events` events `gap_ms` apart.
+fn slow_chat(events: usize, gap_ms: u64) -> String {
+    format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"stream":true,"fake":"sse","events":{events},"gap_ms":{gap_ms}}}"#
+    )
+}
+
+#[test]
+fn the_cap_holds_with_the_default_rate_on_one_and_two_shards() {
+    both_drivers(|legacy| {
+        for (cap, cores) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
+            let w = FakeWorker::start("m");
+            let (n, c, url) = (cap.to_string(), cores.to_string(), w.url());
+            let gw = Gateway::start(legacy, &["--worker-urls", &url, "--max-concurrent-requests", &n, "--cores", &c]);
+            gw.ready();
+            // Each holds its permit for 1.5 s; one arrives every 0.5 s (the pacing of the load,
+            // not a wait for the gateway), so the rate's tokens come while permits are held.
+            let clients: Vec<_> = (0..cap + 2)
+                .map(|i| {
+                    if i > 0 {
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    let port = gw.port;
+                    std::thread::spawn(move || {
+                        let mut s = connect_with(port, patience(Duration::from_secs(60))).unwrap();
+                        s.write_all(post_bytes("/v1/chat/completions", &slow_chat(5, 300), &[]).as_bytes()).unwrap();
+                        read_response(&mut s, &mut Vec::new(), false).map(|r| r.status)
+                    })
+                })
+                .collect();
+            for t in clients {
+                let status = t.join().unwrap().expect("an answer");
+                assert_eq!(status, 200, "N={cap}, {cores} shard(s): every request is served in turn");
+            }
+            assert_eq!(w.state.max_in_flight(), cap, "N={cap} on {cores} shard(s): requests at the worker at once");
+        }
+    });
+}
