@@ -33,6 +33,20 @@ fn gateway(legacy: bool, url: &str, extra: &[&str]) -> Gateway {
     gateway_env(legacy, url, extra, &[])
 }
 
+/// [`gateway`] with its metrics listener on a loopback port of its own, returned with it.
+fn gateway_metrics(legacy: bool, url: &str, extra: &[&str]) -> (Gateway, u16) {
+    let mport = free_port();
+    let m = mport.to_string();
+    let mut args = extra.to_vec();
+    args.extend_from_slice(&["--prometheus-host", "127.0.0.1", "--prometheus-port", &m]);
+    (gateway(legacy, url, &args), mport)
+}
+
+/// Requests waiting for an admission permit, all shards (`smg_admission_queue_depth`).
+fn queued(mport: u16) -> Option<usize> {
+    metric(mport, "smg_admission_queue_depth").map(|v| v as usize)
+}
+
 /// A ready gateway with two shards in front of `url`, with `extra` flags and `env` set.
 fn gateway_env(legacy: bool, url: &str, extra: &[&str], env: &[(&str, &str)]) -> Gateway {
     let mut args = vec!["--worker-urls", url, "--cores", "2"];
@@ -548,11 +562,12 @@ fn malformed_authorization_is_401_and_harmless() {
                 r.text()
             );
         }
-        std::thread::sleep(Duration::from_millis(200));
+        // A barrier: by the time a later request has been answered, the smuggled one, had the
+        // gateway forwarded it, has reached the worker.
+        serving(&gw, &w, "/v1/chat/completions", CHAT, Some(&bearer(KEY)), 200).unwrap();
         let tags = tags_seen(&w);
         assert!(!tags.iter().any(|t| t == "smuggled"), "the body of a refused request was served as a request");
         assert!(gw.alive(), "the gateway died; log:\n{}", gw.log_text());
-        serving(&gw, &w, "/v1/chat/completions", CHAT, Some(&bearer(KEY)), 200).unwrap();
     });
 }
 
@@ -787,10 +802,11 @@ fn full_queue_is_429_at_once() {
         assert!(took < secs(1) / 2, "the refusals took {took:?}: they waited for the slot");
         assert_eq!(w.state.in_flight(), 1, "precondition: the held stream ended before the refusals were checked");
         whole_stream(&mut held, 20).unwrap_or_else(|e| panic!("the held stream: {e}"));
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(!seen(&w, "late"), "a refused request reached the worker");
+        // "after" is the barrier: once it is answered, what the gateway forwarded before it
+        // has reached the worker.
         let r = post(gw.port, "/v1/chat/completions", &quick_chat("after"), &[]);
         assert_eq!(r.status, 200, "after the slot freed: {}", r.text());
+        assert!(!seen(&w, "late"), "a refused request reached the worker");
     });
 }
 
@@ -821,10 +837,11 @@ fn queue_timeout_is_503() {
             "the queue timeout of 1 s answered after {took:?}"
         );
         whole_stream(&mut held, 40).unwrap_or_else(|e| panic!("the held stream: {e}"));
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(!seen(&w, "late"), "a request that timed out in the queue reached the worker");
+        // "after" is the barrier: once it is answered, what the gateway forwarded before it
+        // has reached the worker.
         let r = post(gw.port, "/v1/chat/completions", &quick_chat("after"), &[]);
         assert_eq!(r.status, 200, "after the slot freed: {}", r.text());
+        assert!(!seen(&w, "late"), "a request that timed out in the queue reached the worker");
     });
 }
 
@@ -836,7 +853,11 @@ fn queued_request_body_is_left_unread() {
     let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
-        let gw = gateway(legacy, &w.url(), &["--max-concurrent-requests", "1", "--rate-limit-tokens-per-second", "0"]);
+        let (gw, mport) = gateway_metrics(
+            legacy,
+            &w.url(),
+            &["--max-concurrent-requests", "1", "--rate-limit-tokens-per-second", "0"],
+        );
 
         // A 100 KB body of which 16 bytes come before admission and the rest after.
         let mut held = send(gw.port, &slow_chat("held", 20, 50));
@@ -851,8 +872,18 @@ fn queued_request_body_is_left_unread() {
         a.write_all(&req.as_bytes()[..head_len + 16]).unwrap();
         no_answer_within(&mut a, Duration::from_millis(300))
             .unwrap_or_else(|e| panic!("a request waiting for the slot, its body unsent: {e}"));
+        assert!(
+            wait_until(secs(5), || queued(mport) == Some(1)),
+            "precondition: the request is not in the admission queue ({:?} queued)",
+            queued(mport)
+        );
         whole_stream(&mut held, 20).unwrap_or_else(|e| panic!("the held stream: {e}"));
-        std::thread::sleep(Duration::from_millis(300));
+        // The rest of the body goes only once the request has left the queue with the slot.
+        assert!(
+            wait_until(secs(5), || queued(mport) == Some(0)),
+            "precondition: the queued request was not admitted when the slot freed ({:?} queued)",
+            queued(mport)
+        );
         a.write_all(&req.as_bytes()[head_len + 16..]).unwrap();
         let r = read_response(&mut a, &mut Vec::new(), false).expect("an answer once the body was sent");
         assert_eq!(r.status, 200, "{}", r.text());
@@ -873,8 +904,11 @@ fn queued_request_body_is_left_unread() {
         let mut b = connect_with(gw.port, secs(60)).unwrap();
         b.write_all(head.as_bytes()).unwrap();
         let written = Arc::new(AtomicUsize::new(0));
+        // Writes in a row that timed out (100 ms each, nothing taken): the writer is blocked.
+        let stalled = Arc::new(AtomicUsize::new(0));
         let writer = {
-            let (mut b, big, written) = (b.try_clone().unwrap(), Arc::clone(&big), Arc::clone(&written));
+            let (mut b, big, written, stalled) =
+                (b.try_clone().unwrap(), Arc::clone(&big), Arc::clone(&written), Arc::clone(&stalled));
             b.set_write_timeout(Some(Duration::from_millis(100))).unwrap();
             std::thread::spawn(move || {
                 let bytes = big.as_bytes();
@@ -885,10 +919,14 @@ fn queued_request_body_is_left_unread() {
                         Ok(n) => {
                             at += n;
                             written.store(at, Ordering::SeqCst);
+                            stalled.store(0, Ordering::SeqCst);
                         }
                         Err(e)
                             if e.kind() == std::io::ErrorKind::WouldBlock
-                                || e.kind() == std::io::ErrorKind::TimedOut => {}
+                                || e.kind() == std::io::ErrorKind::TimedOut =>
+                        {
+                            stalled.fetch_add(1, Ordering::SeqCst);
+                        }
                         Err(e) => return Err(format!("write failed after {at} bytes: {e}")),
                     }
                 }
@@ -898,7 +936,8 @@ fn queued_request_body_is_left_unread() {
                 Ok(())
             })
         };
-        std::thread::sleep(Duration::from_secs(1));
+        // Measured once the writes block (300 ms without a byte taken), or the whole body went.
+        wait_until(secs(10), || stalled.load(Ordering::SeqCst) >= 3 || written.load(Ordering::SeqCst) == big.len());
         let while_queued = written.load(Ordering::SeqCst);
         assert_eq!(w.state.in_flight(), 1, "precondition: the held stream ended before the queued body was measured");
         assert!(
@@ -924,7 +963,7 @@ fn a_client_hanging_up_leaves_the_queue() {
     let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
-        let gw = gateway(
+        let (gw, mport) = gateway_metrics(
             legacy,
             &w.url(),
             &["--max-concurrent-requests", "1", "--rate-limit-tokens-per-second", "0", "--queue-size", "1"],
@@ -945,17 +984,26 @@ fn a_client_hanging_up_leaves_the_queue() {
         let r = read_response(&mut c, &mut Vec::new(), false).expect("C, past the queue size: an answer");
         assert_shed(&r, 429, "Too Many Requests", "admission_queue_full");
         drop(a);
-        std::thread::sleep(Duration::from_millis(250));
+        // Right, A's place frees as soon as the gateway sees the hang-up; wrong, A keeps it
+        // until the held stream's slot frees (its 2 s, most of which is still to come).
+        assert!(
+            wait_until(patience(Duration::from_millis(800)), || queued(mport) == Some(0)),
+            "A hung up, yet the admission queue still holds {:?}",
+            queued(mport)
+        );
         b.write_all(post_bytes("/v1/chat/completions", &quick_chat("B"), &[]).as_bytes()).unwrap();
         no_answer_within(&mut b, Duration::from_millis(300))
-            .unwrap_or_else(|e| panic!("B, 250 ms after queued A hung up: want B queued, but {e}"));
+            .unwrap_or_else(|e| panic!("B, after queued A hung up: want B queued, but {e}"));
         assert_eq!(w.state.in_flight(), 1, "precondition: the held stream ended before B was checked");
         whole_stream(&mut held, 40).unwrap_or_else(|e| panic!("the held stream: {e}"));
         let r = read_response(&mut b, &mut Vec::new(), false).expect("B: an answer once the slot freed");
         assert_eq!(r.status, 200, "B: {}", r.text());
-        std::thread::sleep(Duration::from_millis(200));
+        // "after" is the barrier: once it is answered, whatever the gateway forwarded before
+        // it (A, had it been) has reached the worker.
+        let r = post(gw.port, "/v1/chat/completions", &quick_chat("after"), &[]);
+        assert_eq!(r.status, 200, "after: {}", r.text());
         let tags = tags_seen(&w);
-        assert_eq!(tags, ["held", "B"], "what the worker got");
+        assert_eq!(tags, ["held", "B", "after"], "what the worker got");
     });
 }
 
@@ -965,7 +1013,11 @@ fn queued_requests_are_admitted_in_arrival_order() {
     let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
-        let gw = gateway(legacy, &w.url(), &["--max-concurrent-requests", "1", "--rate-limit-tokens-per-second", "0"]);
+        let (gw, mport) = gateway_metrics(
+            legacy,
+            &w.url(),
+            &["--max-concurrent-requests", "1", "--rate-limit-tokens-per-second", "0"],
+        );
         let groups = conns_by_shard(&gw, 8, |g| g.iter().any(|c| c.len() >= 3));
         let mut trio = groups.into_iter().find(|g| g.len() >= 3).unwrap();
         trio.truncate(3);
@@ -977,9 +1029,14 @@ fn queued_requests_are_admitted_in_arrival_order() {
                 "precondition: the held stream never reached the worker"
             );
             let tags: Vec<String> = (0..3).map(|i| format!("r{round}-q{i}")).collect();
-            for (c, tag) in trio.iter_mut().zip(&tags) {
+            // Each one sent once the one before is in the queue: that is their arrival order.
+            for (k, (c, tag)) in trio.iter_mut().zip(&tags).enumerate() {
                 c.write_all(post_bytes("/v1/chat/completions", &quick_chat(tag), &[]).as_bytes()).unwrap();
-                std::thread::sleep(Duration::from_millis(50));
+                assert!(
+                    wait_until(secs(5), || queued(mport) == Some(k + 1)),
+                    "round {round}: {tag} never joined the admission queue ({:?} queued)",
+                    queued(mport)
+                );
             }
             assert_eq!(w.state.in_flight(), 1, "precondition: the held stream ended before the three were queued");
             assert!(tags.iter().all(|t| !seen(&w, t)), "a request passed the full slot");
@@ -1004,7 +1061,7 @@ fn no_slot_is_lost_to_errors_aborts_or_timeouts() {
         const TOTAL: usize = 2000;
         const STALLS: usize = 6;
         let w = FakeWorker::start("m");
-        let gw = gateway(
+        let (gw, mport) = gateway_metrics(
             legacy,
             &w.url(),
             &[
@@ -1155,7 +1212,12 @@ fn no_slot_is_lost_to_errors_aborts_or_timeouts() {
             w.state.in_flight()
         );
         let mut waiting: Vec<TcpStream> = (0..2).map(|k| send(port, &quick_chat(&format!("waiting{k}")))).collect();
-        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            wait_until(secs(5), || queued(mport) == Some(2)),
+            "after the mixed traffic the two requests past the cap do not wait: {:?} queued, {} at the worker",
+            queued(mport),
+            w.state.in_flight()
+        );
         for (k, s) in streams.iter_mut().enumerate() {
             whole_stream(s, 24).unwrap_or_else(|e| panic!("slow stream {k} after the mixed traffic: {e}"));
         }

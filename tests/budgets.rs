@@ -286,15 +286,38 @@ fn redis_going_away_fails_no_request_and_is_reconciled() {
     let w = Sim::start("m", &[]);
     let policy = policy_file(&team_policy(10_000, 1_000_000));
     let url = redis.url();
-    let a = start(false, &w.url(), &policy, &["--redis-url", &url]);
-    let b = start(false, &w.url(), &policy, &["--redis-url", &url]);
+    let (ma, mb) = (free_port(), free_port());
+    let (sa, sb) = (ma.to_string(), mb.to_string());
+    let a = start(
+        false,
+        &w.url(),
+        &policy,
+        &["--redis-url", &url, "--prometheus-host", "127.0.0.1", "--prometheus-port", &sa],
+    );
+    let b = start(
+        false,
+        &w.url(),
+        &policy,
+        &["--redis-url", &url, "--prometheus-host", "127.0.0.1", "--prometheus-port", &sb],
+    );
+    let rejected = |p: u16| metric(p, r#"smg_tenant_rate_limit_total{result="rejected"}"#).unwrap_or(0.0);
     let began = Instant::now();
     let (la, lb) = (load(a.port, 4, Duration::from_secs(6)), load(b.port, 4, Duration::from_secs(6)));
-    std::thread::sleep(Duration::from_secs(2));
+    // Redis goes away once the shared budget is in force: both replicas have been refused.
+    assert!(
+        wait_until(patience(Duration::from_secs(4)), || rejected(ma) > 0.0 && rejected(mb) > 0.0),
+        "precondition: the shared budget never bit with Redis up ({} and {} refused)",
+        rejected(ma),
+        rejected(mb)
+    );
     redis.kill();
     let gone = Instant::now();
     assert!(a.log_has("unreachable") && b.log_has("unreachable"), "{}", a.log_text());
-    std::thread::sleep(Duration::from_secs(2).saturating_sub(gone.elapsed()));
+    // Redis comes back once each replica, alone, has spent its own bucket (it starts full):
+    // refused again since it noticed. One that never refuses while alone admits without
+    // bound meanwhile, which the bound below catches.
+    let (ra0, rb0) = (rejected(ma), rejected(mb));
+    wait_until(patience(Duration::from_secs(3)), || rejected(ma) > ra0 && rejected(mb) > rb0);
     let away = gone.elapsed().as_secs_f64();
     redis.restart();
     let (ra, rb) = (la.join().unwrap(), lb.join().unwrap());

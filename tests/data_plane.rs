@@ -581,13 +581,20 @@ fn stale_pooled_connection_is_retried_silently() {
         let gw = gw_with(legacy, &w, &["--cores", "1"]);
         let mut s = gw.connect();
         let mut rest = Vec::new();
+        let closed = || w.state.closed_at.lock().unwrap().len();
         for i in 0..20 {
             // "close" answers, then drops the connection the gateway just pooled.
+            let before = closed();
             let body = format!(r#"{{"model":"m","prompt":"x","fake":"close","i":{i}}}"#);
             s.write_all(post_bytes("/v1/completions", &body, &[]).as_bytes()).unwrap();
             let r = read_response(&mut s, &mut rest, false).unwrap();
             assert_eq!(r.status, 200, "request {i}: {}", r.text());
-            std::thread::sleep(Duration::from_millis(5));
+            // The next request goes once the worker has dropped that connection: the pooled
+            // one is stale by then.
+            assert!(
+                wait_until(patience(Duration::from_secs(5)), || closed() > before),
+                "precondition: the worker never closed the connection of request {i}"
+            );
         }
     });
 }
@@ -598,7 +605,11 @@ fn connect_failure_is_502_then_503_once_marked_down() {
         let w = FakeWorker::start("m");
         let gw = gw_with(legacy, &w, &[]);
         w.stop();
-        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            wait_until(patience(Duration::from_secs(5)), || std::net::TcpStream::connect(("127.0.0.1", w.port))
+                .is_err()),
+            "precondition: the stopped worker still accepts connections"
+        );
         let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]);
         assert!(r.status == 502 || r.status == 503, "{} {}", r.status, r.text());
         if r.status == 502 {
@@ -711,9 +722,14 @@ fn hostile_heads_never_crash_or_leak() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let mut gw = gw_with(legacy, &w, &["--client-read-timeout-secs", "1", "--client-idle-timeout-secs", "1"]);
-        // Warm up pools and lazily created state before taking the baseline.
-        assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).status, 200);
-        std::thread::sleep(Duration::from_millis(200));
+        // Warm up pools and lazily created state before taking the baseline, which waits for
+        // the gateway to have closed the warm-up connection (it closes on the client's FIN).
+        let mut warm = gw.connect();
+        warm.write_all(post_bytes("/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).as_bytes()).unwrap();
+        assert_eq!(read_response(&mut warm, &mut Vec::new(), false).unwrap().status, 200);
+        warm.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(closed_within(&mut warm, Duration::from_secs(5)), "precondition: the warm-up connection stayed open");
+        drop(warm);
         let baseline = gw.fd_count();
         let mut seed = 0x5eed_u64;
         let mut conns = Vec::new();

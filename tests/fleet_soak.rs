@@ -45,6 +45,13 @@ fn client(port: u16, sent: Arc<AtomicU64>, until: u64, wrong: Arc<AtomicU64>) {
     loop {
         let n = sent.fetch_add(1, Ordering::Relaxed);
         if n >= until {
+            // Hang up and wait for the gateway to close its side: a run ends once every
+            // client connection is gone from the gateway, so its descriptors can be counted.
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            assert!(
+                closed_within(&mut s, Duration::from_secs(5)),
+                "the gateway kept a connection open after its client hung up"
+            );
             return;
         }
         let stream = n.is_multiple_of(3);
@@ -120,11 +127,10 @@ fn soak(legacy: bool) {
     gw.ready_workers(5);
     let (sent, wrong) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     run(gw.port, WARM_UP, &sent, &wrong);
-    // Clients are gone: only pooled worker connections remain open.
-    std::thread::sleep(Duration::from_millis(200));
+    // Clients are gone (each saw the gateway close its connection): only pooled worker
+    // connections remain open.
     let (fds0, rss0) = (gw.fd_count(), rss_kb(gw.pid()));
     run(gw.port, TOTAL, &sent, &wrong);
-    std::thread::sleep(Duration::from_millis(200));
     let (fds1, rss1) = (gw.fd_count(), rss_kb(gw.pid()));
     eprintln!("after {WARM_UP}: {fds0} fds, {rss0} kB; after {TOTAL}: {fds1} fds, {rss1} kB");
     assert_eq!(wrong.load(Ordering::Relaxed), 0, "answers outside the documented set");

@@ -223,7 +223,7 @@ fn stray_bytes_never_reach_the_next_client() {
             let w = RogueWorker::start("m", mode);
             let gw = gateway(legacy, &w.url(), &["--cores", "1"]);
             let mut got = Vec::new();
-            for tag in ["c1", "c2", "c3", "c4"] {
+            for (k, tag) in ["c1", "c2", "c3", "c4"].into_iter().enumerate() {
                 let r =
                     exchange(gw.port, post_bytes("/v1/chat/completions", &chat(tag, false), &[]).as_bytes(), secs(5));
                 let seen = match r {
@@ -232,8 +232,15 @@ fn stray_bytes_never_reach_the_next_client() {
                     Err(e) => format!("error {e}"),
                 };
                 got.push((tag, seen));
-                // The late variant's stray answer lands while the socket sits in the pool.
-                std::thread::sleep(Duration::from_millis(150));
+                // The late variant's stray answer lands while the socket sits in the pool: the
+                // next request waits for the worker to have written it. (The other variant's
+                // stray bytes came in the answer's own write.)
+                if mode == Mode::StrayBytesLate {
+                    assert!(
+                        wait_until(secs(2), || w.state.late_strays.load(Ordering::SeqCst) > k),
+                        "{mode:?}: {tag}: the worker never wrote its late stray answer"
+                    );
+                }
             }
             assert!(got.iter().all(|(want, seen)| want == seen), "{mode:?}: clients got {got:?}");
         }
@@ -284,7 +291,9 @@ fn stalled_worker_body_is_ended() {
     both_drivers(|legacy| {
         let w = RogueWorker::start("m", Mode::StallAfterHead);
         let gw = gateway(legacy, &w.url(), &["--upstream-read-timeout-secs", "1"]);
-        let mut s = connect_with(gw.port, secs(5)).unwrap();
+        // Right: cut after about 1 s; wrong: open for the worker's whole 30 s stall. The
+        // bounds sit halfway.
+        let mut s = connect_with(gw.port, secs(15)).unwrap();
         let started = Instant::now();
         s.write_all(post_bytes("/v1/chat/completions", &chat("slow", true), &[]).as_bytes()).unwrap();
         let mut raw = Vec::new();
@@ -304,7 +313,7 @@ fn stalled_worker_body_is_ended() {
             std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
         );
         assert!(closed, "client response still open {:?} after the worker stalled ({end})", started.elapsed());
-        assert!(started.elapsed() < secs(5), "ended only after {:?}", started.elapsed());
+        assert!(started.elapsed() < secs(15), "ended only after {:?}", started.elapsed());
         assert!(!raw.ends_with(b"0\r\n\r\n"), "a cut stream must not end with the terminating chunk");
         assert!(wait_until(secs(3), || w.state.peer_closes() >= 1), "the stalled worker's connection was left open");
     });
@@ -639,8 +648,18 @@ fn descriptor_limit() {
         }
         // Several health-check rounds go by with more clients than the cap: the ones past
         // it wait in the kernel's backlog, and the gateway keeps descriptors in reserve.
-        std::thread::sleep(secs(3));
+        // Three rounds take 3 s at one a second; a gateway out of descriptors never gets its
+        // checks to the worker (or marks it down): waited for up to 10 s.
+        let checks = || w.state.health_checks.load(Ordering::SeqCst);
+        let before = checks();
+        let rounds = wait_until(secs(10), || checks() >= before + 3 || gw.log_text().contains("is down"));
         assert!(gw.alive(), "gateway died under descriptor pressure; log tail:\n{}", tail(&gw.log_text()));
+        assert!(
+            rounds,
+            "{} health checks reached the worker in {:?} under descriptor pressure",
+            checks() - before,
+            secs(10)
+        );
         let open = gw.fd_count();
         assert!(open < 256 - 64, "the gateway holds {open} of 256 descriptors: no reserve kept");
         let log = gw.log_text();
@@ -857,9 +876,15 @@ fn pooled_reuse_survives_per_request_faults() {
             let got = request_on(&mut s, &mut Vec::new(), &body(tag, &FAULT_CASES[0]));
             check_answer(tag, &FAULT_CASES[0], &got)
         };
-        // Warm up the pool and lazily made state before the baseline.
-        clean("warm").unwrap_or_else(|e| panic!("precondition: a clean request failed: {e}"));
-        std::thread::sleep(Duration::from_millis(200));
+        // Warm up the pool and lazily made state before the baseline, which waits for the
+        // gateway to have closed the warm-up connection (it closes on the client's FIN).
+        let mut warm = connect_with(port, secs(6)).expect("precondition: connect");
+        let got = request_on(&mut warm, &mut Vec::new(), &body("warm", &FAULT_CASES[0]));
+        check_answer("warm", &FAULT_CASES[0], &got)
+            .unwrap_or_else(|e| panic!("precondition: a clean request failed: {e}"));
+        warm.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(closed_within(&mut warm, Duration::from_secs(5)), "precondition: the warm-up connection stayed open");
+        drop(warm);
         let baseline = gw.fd_count();
 
         let mut seed = seed0;

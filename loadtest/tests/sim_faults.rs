@@ -105,8 +105,9 @@ fn die_after_drops_idle_keepalive_connections() {
 fn slow_accept_delays_service() {
     for legacy in DRIVERS {
         let sim = Sim::start(&["--ports", "0", "--accept-delay-ms", "200"], legacy);
-        // The first accept waits once before the loop starts listening for it.
-        std::thread::sleep(Duration::from_millis(250));
+        // The first accept waits once before the loop starts listening for it: an untimed
+        // request takes that wait, so the timed ones below see only the per-accept delay.
+        assert_eq!(http(sim.port(), "GET", "/health", "").status, 200);
         let t0 = Instant::now();
         assert_eq!(http(sim.port(), "GET", "/health", "").status, 200);
         let a = t0.elapsed();
@@ -122,8 +123,11 @@ fn unhealthy_start_and_health_flip() {
     for legacy in DRIVERS {
         let sim = Sim::start(&["--ports", "0", "--unhealthy-for-ms", "400"], legacy);
         assert_eq!(http(sim.port(), "GET", "/health", "").status, 503);
-        std::thread::sleep(Duration::from_millis(500));
-        assert_eq!(http(sim.port(), "GET", "/health", "").status, 200);
+        // Healthy from 400 ms after the start; one that never flips is given 2 s.
+        assert!(
+            wait_until(patience(Duration::from_secs(2)), || http(sim.port(), "GET", "/health", "").status == 200),
+            "still unhealthy after --unhealthy-for-ms 400"
+        );
 
         let sim = Sim::start(&["--ports", "0", "--start-unhealthy"], legacy);
         assert_eq!(http(sim.port(), "GET", "/health", "").status, 503);

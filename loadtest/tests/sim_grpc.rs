@@ -69,6 +69,11 @@ async fn start<M: Message>(client: &mut Client, method: &str, req: &M) -> h2::cl
 }
 
 async fn finish(resp: h2::client::ResponseFuture) -> Reply {
+    finish_counting(resp, Default::default()).await
+}
+
+/// [`finish`], adding the body bytes to `got` as they come.
+async fn finish_counting(resp: h2::client::ResponseFuture, got: std::rc::Rc<std::cell::Cell<usize>>) -> Reply {
     let resp = resp.await.expect("response head");
     assert_eq!(resp.status(), 200);
     if let Some((code, message)) = status_of(resp.headers()) {
@@ -78,6 +83,7 @@ async fn finish(resp: h2::client::ResponseFuture) -> Reply {
     let mut buf = BytesMut::new();
     while let Some(d) = body.data().await {
         let d = d.expect("body");
+        got.set(got.get() + d.len());
         let _ = body.flow_control().release_capacity(d.len());
         buf.extend_from_slice(&d);
     }
@@ -250,8 +256,14 @@ fn abort_and_client_leaving_are_observed() {
         let mut c = connect(port).await;
         let sp = pb::SamplingParams { max_new_tokens: Some(1000), ..Default::default() };
         let resp = start(&mut c, path::GENERATE, &gen_request("to-abort", true, sp.clone())).await;
-        let reader = monoio::spawn(finish(resp));
-        monoio::time::sleep(Duration::from_millis(100)).await;
+        // The abort goes once the first token has come: the request is running at the worker.
+        let got = std::rc::Rc::new(std::cell::Cell::new(0));
+        let reader = monoio::spawn(finish_counting(resp, got.clone()));
+        let until = Instant::now() + patience(Duration::from_secs(5));
+        while got.get() == 0 {
+            assert!(Instant::now() < until, "the stream to abort never sent a token");
+            monoio::time::sleep(Duration::from_millis(5)).await;
+        }
         let t0 = Instant::now();
         let ack: Vec<pb::AbortResponse> = decode(
             &call(&mut c, path::ABORT, &pb::AbortRequest { request_id: "to-abort".into(), reason: "test".into() })

@@ -104,8 +104,14 @@ fn continuous_batching_queues_beyond_max_running() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(60));
-        let loads = http(port, "GET", "/v1/loads", "").json();
+        // Read once all four have arrived (the first two take 150 ms: well before then).
+        let mut loads = sonic_rs::Value::default();
+        let arrived = wait_until(patience(Duration::from_millis(100)), || {
+            loads = http(port, "GET", "/v1/loads", "").json();
+            let l = &loads["loads"][0];
+            l["num_running_reqs"].as_u64().unwrap_or(0) + l["num_waiting_reqs"].as_u64().unwrap_or(0) >= 4
+        });
+        assert!(arrived, "the four requests never were all at the worker: {loads:?}");
         assert_eq!(loads["loads"][0]["num_running_reqs"].as_u64(), Some(2), "{loads:?}");
         assert_eq!(loads["loads"][0]["num_waiting_reqs"].as_u64(), Some(2), "{loads:?}");
         assert!(loads["loads"][0]["num_used_tokens"].as_u64().unwrap() > 0);
@@ -140,8 +146,14 @@ fn kv_capacity_makes_requests_wait() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(80));
-        let loads = http(p, "GET", "/v1/loads", "").json();
+        // Read once all six have arrived (the first two take 150 ms: well before then).
+        let mut loads = sonic_rs::Value::default();
+        let arrived = wait_until(patience(Duration::from_millis(120)), || {
+            loads = http(p, "GET", "/v1/loads", "").json();
+            let l = &loads["loads"][0];
+            l["num_running_reqs"].as_u64().unwrap_or(0) + l["num_waiting_reqs"].as_u64().unwrap_or(0) >= 6
+        });
+        assert!(arrived, "the six requests never were all at the worker: {loads:?}");
         let l = &loads["loads"][0];
         assert_eq!(l["num_running_reqs"].as_u64(), Some(2), "{l:?}");
         assert_eq!(l["num_waiting_reqs"].as_u64(), Some(4), "{l:?}");
