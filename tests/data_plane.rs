@@ -184,6 +184,36 @@ fn request_ids_generated_per_endpoint_and_from_configured_headers() {
             &["X-Request-ID: ignored", "X-My-Id: mine"],
         );
         assert_eq!(r.header("x-request-id"), Some("mine"));
+        // A head refused for its framing (two Content-Lengths) was still read whole: its 400
+        // carries the client's own id, as SMG's does.
+        let raw = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-My-Id: framed-1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}";
+        let r = support::rogue::exchange(gw.port, raw.as_bytes(), Duration::from_secs(5)).unwrap();
+        assert_eq!((r.status, r.header("x-request-id")), (400, Some("framed-1")), "{}", r.text());
+        // A head that cannot be read gets a generated one.
+        let r = support::rogue::exchange(gw.port, b"\x01\x02 junk\r\n\r\n", Duration::from_secs(5)).unwrap();
+        assert_eq!(r.status, 400);
+        assert!(r.header("x-request-id").is_some_and(|id| id.starts_with("req-")), "{:?}", r.header("x-request-id"));
+    });
+}
+
+/// `min_tokens: 0` is forwarded as it came (the contract sets no lower bound); `max_tokens: 0`
+/// stays a 400 (it becomes `max_completion_tokens`, which must be at least 1).
+#[test]
+fn min_tokens_zero_is_forwarded_and_max_tokens_zero_refused() {
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let gw = gw_with(legacy, &w, &[]);
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"min_tokens":0}"#;
+        let r = post(gw.port, "/v1/chat/completions", body, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(w.requests().pop().unwrap().body, body.as_bytes(), "forwarded as it came");
+        let r = post(
+            gw.port,
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#,
+            &[],
+        );
+        assert_eq!(r.status, 400, "{}", r.text());
     });
 }
 

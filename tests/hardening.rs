@@ -1043,7 +1043,7 @@ fn a_panicking_request_costs_only_itself() {
 }
 
 #[test]
-fn a_response_over_the_payload_cap_is_refused_or_cut() {
+fn a_response_over_the_payload_cap_is_refused() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = Gateway::start(legacy, &["--worker-urls", &w.url(), "--max-payload-size", "100000"]);
@@ -1056,14 +1056,29 @@ fn a_response_over_the_payload_cap_is_refused_or_cut() {
         // Within the cap: whole.
         let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x","fake":"big","bytes":90000}"#, &[]);
         assert_eq!((r.status, r.body.len()), (200, 90000));
-        // Chunked, so only known once it is over: cut, the connection closed, logged.
-        let body = r#"{"model":"m","prompt":"x","fake":"big","bytes":300000,"chunked":true}"#;
-        let mut s = gw.connect();
-        s.write_all(post_bytes("/v1/completions", body, &[]).as_bytes()).unwrap();
-        let r = read_response(&mut s, &mut Vec::new(), false).unwrap();
-        assert_eq!(r.status, 200);
-        assert!(!r.complete && r.body.len() <= 100000 + 16384, "{} bytes, complete {}", r.body.len(), r.complete);
-        assert!(gw.log_has("over --max-payload-size"), "{}", gw.log_text());
+        // Chunked, so only known once it is over: read whole before a byte goes out, and
+        // refused as the declared one is (chat and completions alike), never cut after a 200.
+        for (path, body) in [
+            ("/v1/completions", r#"{"model":"m","prompt":"x","fake":"big","bytes":300000,"chunked":true}"#),
+            (
+                "/v1/chat/completions",
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"fake":"big","bytes":300000,"chunked":true}"#,
+            ),
+        ] {
+            let sent = w.requests().len();
+            let r = post(gw.port, path, body, &[]);
+            assert_eq!(r.status, 502, "{path}: {}", r.text());
+            assert_eq!(r.json()["error"]["code"].as_str(), Some("upstream_response_too_large"), "{path}");
+            assert_eq!(w.requests().len(), sent + 1, "{path}: not retried");
+        }
+        // A chunked answer within the cap arrives whole.
+        let r = post(
+            gw.port,
+            "/v1/completions",
+            r#"{"model":"m","prompt":"x","fake":"big","bytes":99000,"chunked":true}"#,
+            &[],
+        );
+        assert!(r.status == 200 && r.complete && r.body.len() == 99000, "{} {} bytes", r.status, r.body.len());
         // The gateway goes on.
         assert_eq!(post(gw.port, "/v1/completions", r#"{"model":"m","prompt":"x"}"#, &[]).status, 200);
     });

@@ -205,9 +205,7 @@ impl<'a> Chat<'a> {
         }
         s.check_top_p()?;
         s.check_extensions()?;
-        if s.min_tokens == Some(0) {
-            return Err(ContractError::field("min_tokens must be at least 1"));
-        }
+        // `min_tokens: 0` is allowed: the contract sets no lower bound (SMG accepts it).
         Ok(())
     }
 

@@ -311,6 +311,20 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
     }))
 }
 
+/// For a head refused after it arrived whole (bad or ambiguous framing, say): the value of
+/// header `name`, read again without the framing rules, so the error answer can still carry
+/// the client's own request id. None when the head itself cannot be read.
+pub fn header_of_refused<'a>(buf: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let lead = buf.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut slots);
+    match req.parse(buf.get(lead..)?) {
+        Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD => {}
+        _ => return None,
+    }
+    req.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,5 +485,14 @@ mod tests {
         ] {
             assert!(!is_forwarded_header(n.as_bytes()), "{n}");
         }
+    }
+
+    #[test]
+    fn a_refused_heads_request_id_is_still_read() {
+        let bad = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: mine-1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
+        assert!(parse_request(bad).is_err());
+        assert_eq!(header_of_refused(bad, "x-request-id"), Some(&b"mine-1"[..]));
+        assert_eq!(header_of_refused(b"\x01\x02 garbage\r\n\r\n", "x-request-id"), None);
+        assert_eq!(header_of_refused(b"POST / HTTP/1.1\r\nX-Request-Id: cut", "x-request-id"), None);
     }
 }

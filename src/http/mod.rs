@@ -8,6 +8,7 @@ pub mod assembled;
 pub mod body;
 pub mod date;
 pub mod head;
+pub mod held_body;
 pub mod hop;
 pub mod multipart;
 pub mod pool;

@@ -162,10 +162,19 @@ impl RequestCtx {
         ctx
     }
 
-    /// For a head that could not be parsed: a generated id, and the connection closes.
-    pub fn unparsed(shard: &Rc<Shard>) -> Self {
+    /// For a head that was refused (`buf` holds it): the client's own id where the head can
+    /// still be read, else a generated one; the connection closes.
+    pub fn unparsed(shard: &Rc<Shard>, buf: &[u8]) -> Self {
         let mut ctx = Self::bare(shard, true, false);
-        ctx.request_id = request_id(shard, None, "req-");
+        let client_id = shard
+            .cfg()
+            .request_id_headers
+            .iter()
+            .find_map(|name| crate::http::head::header_of_refused(buf, name).filter(|v| printable_id(v)));
+        ctx.request_id = match client_id {
+            Some(id) => id.to_vec(),
+            None => request_id(shard, None, "req-"),
+        };
         ctx
     }
 
@@ -230,15 +239,18 @@ impl RequestCtx {
     }
 }
 
+/// A client's request id the gateway takes as its own: printable, no spaces, not empty.
+fn printable_id(v: &[u8]) -> bool {
+    !v.is_empty() && v.iter().all(|b| b.is_ascii_graphic())
+}
+
 /// The client's own id (first of `--request-id-headers` with a printable value), else a
 /// fresh one with the route's prefix.
 fn request_id(shard: &Shard, head: Option<(&RequestHead, &[u8])>, prefix: &str) -> Vec<u8> {
     if let Some((head, buf)) = head {
         for name in &shard.cfg().request_id_headers {
-            if let Some(v) = head.header(buf, name) {
-                if !v.is_empty() && v.iter().all(|b| b.is_ascii_graphic()) {
-                    return v.to_vec();
-                }
+            if let Some(v) = head.header(buf, name).filter(|v| printable_id(v)) {
+                return v.to_vec();
             }
         }
     }

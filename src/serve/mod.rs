@@ -98,7 +98,7 @@ async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionS
                 finish(&shard, &mut client, Some(&head), ctx, outcome).await
             }
             HeadRead::Reject(e) => {
-                let ctx = RequestCtx::unparsed(&shard);
+                let ctx = RequestCtx::unparsed(&shard, &client.buf);
                 let outcome = Outcome::Failed(Failure::Client(ClientError::Head(e)));
                 finish(&shard, &mut client, None, ctx, outcome).await
             }

@@ -15,6 +15,7 @@ use super::finish::{announce_close, Outcome};
 use crate::api::{realtime, transcriptions, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
+use crate::http::held_body::{hold_chunked, Unheld};
 use crate::http::hop;
 use crate::http::pool::{self, UpstreamConn};
 use crate::http::relay::{relay, RelayEnd, RelayLimits, RelayStats};
@@ -281,7 +282,8 @@ pub async fn open(shard: &Shard, picked: &Picked, fresh: bool) -> Result<Upstrea
 }
 
 /// The worker's response head, once the whole request is written; a non-streaming
-/// response declaring more than `--max-payload-size` is refused here.
+/// response over `--max-payload-size` is refused here, before a byte reaches the client
+/// (a chunked one is read whole first: http/held_body.rs).
 pub async fn await_head(
     shard: &Shard,
     client: &Client,
@@ -296,10 +298,23 @@ pub async fn await_head(
                 ctx.timings.upstream_head = Some(crate::clock::now());
             }
             let max = shard.cfg().max_payload_size;
-            if let (ResponseBody::Length { len }, false) = (h.body, ctx.streaming) {
-                if len > max as u64 {
+            match (h.body, ctx.streaming) {
+                (ResponseBody::Length { len }, false) if len > max as u64 => {
                     return Err(WorkerError::new(WorkerCause::TooLarge { len, max }, reused).into());
                 }
+                (ResponseBody::Chunked, false) => {
+                    let idle = shard.cfg().upstream_read_timeout;
+                    match hold_chunked(&mut conn, h.len, max as u64, idle).await {
+                        Ok(()) => {}
+                        Err(Unheld::TooLarge(len)) => {
+                            return Err(WorkerError::new(WorkerCause::TooLarge { len, max }, reused).into());
+                        }
+                        Err(Unheld::Bad(why)) => {
+                            return Err(WorkerError::new(WorkerCause::BadBody(why), reused).into());
+                        }
+                    }
+                }
+                _ => {}
             }
             ctx.status = h.status;
             Ok(Answered { conn, head: h })

@@ -127,7 +127,7 @@ fn cases() -> Vec<(&'static str, Endpoint, String, Option<String>)> {
         bad("min > max_completion", CHAT, c(r#","min_tokens":20,"max_completion_tokens":10"#), invalid("__all__: min_tokens cannot exceed max_tokens/max_completion_tokens")),
         bad("min > migrated max_tokens", CHAT, c(r#","min_tokens":20,"max_tokens":10"#), invalid("__all__: min_tokens cannot exceed max_tokens/max_completion_tokens")),
         ok("max_completion wins over max_tokens", CHAT, c(r#","min_tokens":20,"max_tokens":10,"max_completion_tokens":30"#)),
-        bad("min_tokens 0", CHAT, c(r#","min_tokens":0"#), invalid("min_tokens must be at least 1")),
+        ok("min_tokens 0", CHAT, c(r#","min_tokens":0"#)),
         ok("max_tokens 1", CHAT, c(r#","max_tokens":1"#)),
         bad("max_tokens 0", CHAT, c(r#","max_tokens":0"#), invalid("max_tokens must be at least 1")),
         bad("max_completion_tokens 0", CHAT, c(r#","max_completion_tokens":0"#), invalid("max_completion_tokens must be at least 1")),
