@@ -8,7 +8,7 @@ mod support;
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 use support::sim::Sim;
-use support::{both_drivers, post, Gateway};
+use support::{both_drivers, get, post, sha_hex, FakeWorker, Gateway};
 
 const PATH: &str = "/v1/decisions";
 
@@ -220,5 +220,30 @@ fn other_runtimes_forward_bytes_and_errors() {
         gw.ready_workers(2);
         let r = post(gw.port, PATH, &body("\"x\"", &format!("[{PRED}]")).replace("\"m\"", "\"e\""), &[]);
         assert_eq!((r.status, code(&r)), (501, "decisions_not_supported".into()), "{}", r.text());
+    });
+}
+
+/// A local engine of unknown make (llama.cpp: `owned_by: llamacpp`, no `/version`, no
+/// `/server_info`) is a regular HTTP worker: Decisions go to its own `/v1/decisions` byte for
+/// byte, and its answer comes back as is, errors included (not `501`).
+#[test]
+fn a_worker_of_unknown_make_gets_decisions_byte_for_byte() {
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        *w.state.owned_by.lock().unwrap() = Some("llamacpp".into());
+        let gw = Gateway::start(legacy, &["--worker-urls", &w.url()]);
+        gw.ready_workers(1);
+        let listed = get(gw.port, "/workers").json();
+        assert_eq!(listed["workers"][0]["runtime_type"].as_str(), Some("unspecified"), "{listed:?}");
+        let b = r#"{"model":"m","input":[{"role":"user","content":"x"}],"questions":[{"type":"predicate","instructions":"q","x_q":1}],"x_top":"kept"}"#;
+        let r = post(gw.port, PATH, b, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["sha"].as_str(), Some(sha_hex(b.as_bytes()).as_str()), "the worker's own answer");
+        let rec = w.requests().pop().unwrap();
+        assert_eq!((rec.path.as_str(), rec.body.as_slice()), (PATH, b.as_bytes()), "forwarded byte for byte");
+        let failing = b.replace("\"x_top\":\"kept\"", "\"fake\":\"error\",\"status\":422");
+        let r = post(gw.port, PATH, &failing, &[]);
+        assert_eq!(r.status, 422, "the worker's error, as is: {}", r.text());
+        assert_eq!(r.json()["error"]["type"].as_str(), Some("BadRequestError"), "{}", r.text());
     });
 }

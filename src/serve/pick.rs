@@ -14,9 +14,11 @@ use crate::shard::Shard;
 use crate::workers::snapshot::{Runtime, Worker};
 use crate::workers::{Candidates, WorkerId};
 
-/// Decisions go to HTTP workers of a known engine; external providers do not serve them.
+/// Decisions go to regular HTTP workers of any engine (SGLang's through the System One
+/// translation, any other byte for byte to its own `/v1/decisions`); external APIs and gRPC
+/// workers do not serve them here.
 fn decisions_eligible(w: &Worker) -> bool {
-    w.meta.runtime != Runtime::External
+    w.meta.runtime != Runtime::External && !w.url.grpc
 }
 
 /// Picks a worker for `ctx` unless one is already chosen. `avoid`: workers that failed this

@@ -139,7 +139,7 @@ fn parse_at_eof(raw: &[u8]) -> Option<ProbeResponse> {
 /// What registration learns about a worker, as SMG detects it: the model from `/v1/models`
 /// (`data[0].id`, else `model_path` from `/get_model_info`, then `/model_info`); the
 /// runtime from `/v1/models` `owned_by` (`sglang`/`nvidia`, `vllm`), else a `/version`
-/// answer (vLLM), else a `/server_info` answer (SGLang), else external; the data-parallel
+/// answer (vLLM), else a `/server_info` answer (SGLang), else unspecified; the data-parallel
 /// size and batch capacity from SGLang's server info. None until the model is known.
 pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery> {
     let json =
@@ -164,7 +164,7 @@ pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery
         } else if info.is_some() {
             Runtime::Sglang
         } else {
-            Runtime::External
+            Runtime::Unspecified
         });
     }
     if model.is_none() {

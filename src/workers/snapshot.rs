@@ -50,11 +50,15 @@ pub struct WorkerMeta {
 /// The engine behind a worker, as registration detected it (or the spec said).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Runtime {
+    /// A local engine of unknown make (llama.cpp, say): detected as none of the others, or
+    /// not detected yet. SMG's `unspecified`.
+    #[default]
+    Unspecified,
     Sglang,
     Vllm,
     Trtllm,
-    /// An OpenAI-compatible server of unknown make.
-    #[default]
+    /// An external OpenAI-compatible API, not local inference: only when the registration
+    /// says so.
     External,
 }
 
@@ -67,6 +71,7 @@ impl Runtime {
             Runtime::Vllm => "vllm",
             Runtime::Trtllm => "trtllm",
             Runtime::External => "external",
+            Runtime::Unspecified => "unspecified",
         }
     }
 
@@ -76,6 +81,7 @@ impl Runtime {
             "vllm" => Runtime::Vllm,
             "trtllm" | "tensorrt-llm" | "tensorrt_llm" => Runtime::Trtllm,
             "external" | "openai" | "generic" => Runtime::External,
+            "unspecified" => Runtime::Unspecified,
             _ => return None,
         })
     }

@@ -230,6 +230,8 @@ pub struct WorkerState {
     pub max_running: AtomicUsize,
     /// `GET /health` requests answered (the gateway's health checks).
     pub health_checks: AtomicUsize,
+    /// `owned_by` on `/v1/models` (None: "sglang"); set before the gateway discovers it.
+    pub owned_by: Mutex<Option<String>>,
 }
 
 impl WorkerState {
@@ -368,8 +370,9 @@ fn serve(mut s: TcpStream, conn: usize, st: &WorkerState, model: &str) {
                 reply(&mut s, 404, "text/plain", b"not found", &[])
             }
             "/v1/models" => {
+                let owner = st.owned_by.lock().unwrap().clone().unwrap_or_else(|| "sglang".into());
                 let b =
-                    format!(r#"{{"object":"list","data":[{{"id":"{model}","object":"model","owned_by":"sglang"}}]}}"#);
+                    format!(r#"{{"object":"list","data":[{{"id":"{model}","object":"model","owned_by":"{owner}"}}]}}"#);
                 reply(&mut s, 200, "application/json", b.as_bytes(), &[])
             }
             _ => {
