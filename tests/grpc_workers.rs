@@ -871,6 +871,13 @@ fn a_large_body_for_a_grpc_worker_is_read_not_streamed() {
         let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
         assert_eq!(r.status, 200, "the worker's breaker stayed closed: {}", r.text());
         assert_eq!(generates(), before + 4, "every request reached the engine as a Generate call");
+        // 1.2 MB whose prompt is longer than the model's context: refused before dispatch.
+        let long =
+            format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"{}"}}]}}"#, "# ".repeat(600_000));
+        let r = post(gw.port, "/v1/chat/completions", &long, &[]);
+        assert_eq!(r.status, 400, "{}", &r.text()[..r.text().len().min(300)]);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("context_length_exceeded"));
+        assert_eq!(generates(), before + 4, "nothing reached the engine");
     });
 }
 
