@@ -51,3 +51,55 @@ fn the_cap_holds_with_the_default_rate_on_one_and_two_shards() {
         }
     });
 }
+
+/// One permit and one queue place on two shards: while a stream holds the permit, exactly one
+/// of six requests (on fresh connections, so on either shard) waits and the rest are refused
+/// at once, 429. Split per shard, each shard would have queued one.
+#[test]
+fn one_permit_and_one_queue_place_hold_across_two_shards() {
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let url = w.url();
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--worker-urls",
+                &url,
+                "--max-concurrent-requests",
+                "1",
+                "--queue-size",
+                "1",
+                "--rate-limit-tokens-per-second",
+                "0",
+                "--queue-timeout-secs",
+                "60",
+                "--cores",
+                "2",
+            ],
+        );
+        gw.ready();
+        // Held until the test closes it: the worker answers only once the client leaves.
+        let mut held = connect_with(gw.port, patience(Duration::from_secs(60))).unwrap();
+        let hang = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"fake":"hang"}"#;
+        held.write_all(post_bytes("/v1/chat/completions", hang, &[]).as_bytes()).unwrap();
+        assert!(wait_until(patience(Duration::from_secs(5)), || w.state.in_flight() == 1), "the held request");
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..6 {
+            let (tx, port) = (tx.clone(), gw.port);
+            std::thread::spawn(move || {
+                let mut s = connect_with(port, patience(Duration::from_secs(60))).unwrap();
+                let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+                s.write_all(post_bytes("/v1/chat/completions", body, &[]).as_bytes()).unwrap();
+                let _ = tx.send(read_response(&mut s, &mut Vec::new(), false).map(|r| r.status).unwrap_or(0));
+            });
+        }
+        // Five are refused at once; the one in the queue answers only after the permit frees.
+        for k in 0..5 {
+            let status = rx.recv_timeout(patience(Duration::from_secs(10)));
+            assert_eq!(status, Ok(429), "answer {k}: one request queued, the others refused");
+        }
+        drop(held);
+        assert_eq!(rx.recv_timeout(patience(Duration::from_secs(10))), Ok(200), "the queued request, admitted");
+        assert_eq!(w.state.max_in_flight(), 1);
+    });
+}

@@ -46,6 +46,12 @@ pub enum PermitMsg {
     Grant,
     /// The peer has no free permit for this no-queue request.
     Deny { ticket: u64 },
+    /// `from` has a request that must wait and no queue place of its own left.
+    WantPlace { from: usize, ticket: u64 },
+    /// One queue place, moved to the receiver for `ticket`.
+    GrantPlace { ticket: u64 },
+    /// The peer has no free queue place either.
+    DenyPlace { ticket: u64 },
 }
 
 /// Where a queued request stands.
@@ -62,8 +68,12 @@ enum Wait {
 struct Waiter {
     ticket: u64,
     state: Cell<Wait>,
-    /// Peers that have not answered a no-queue want yet.
+    /// Peers that have not answered a no-queue want (or, in queue mode, a place want) yet.
     pending_denials: Cell<usize>,
+    /// It holds one of the gateway's `--queue-size` places (given back when it stops
+    /// waiting). A waiter without one is still asking the peers for a place: it may be
+    /// admitted meanwhile, but it is not in the queue.
+    placed: Cell<bool>,
     waker: Cell<Option<Waker>>,
 }
 
@@ -88,7 +98,11 @@ pub struct Permits {
     me: usize,
     free: usize,
     waiters: VecDeque<Rc<Waiter>>,
-    queue_cap: usize,
+    /// `--queue-size` is not 0: requests may wait.
+    queue_mode: bool,
+    /// Free queue places on this shard: its share of `--queue-size`, moved between shards by
+    /// message as permits are, so the queue holds at most that many gateway-wide.
+    places: usize,
     /// Peers waiting for a permit from us, oldest first.
     debts: VecDeque<usize>,
     peers: Vec<(usize, flume::Sender<PermitMsg>)>,
@@ -118,7 +132,8 @@ impl Permits {
             me,
             free: share,
             waiters: VecDeque::new(),
-            queue_cap: cfg.queue_size.div_ceil(shards),
+            queue_mode: cfg.queue_size > 0,
+            places: cfg.queue_size / shards + usize::from(me < cfg.queue_size % shards),
             debts: VecDeque::new(),
             peers,
             next_ticket: 0,
@@ -133,18 +148,22 @@ impl Permits {
     pub fn admit(this: &Rc<RefCell<Permits>>, now: Instant) -> Admit {
         let mut p = this.borrow_mut();
         p.refill(now);
-        let queue = p.queue_cap > 0;
+        let queue = p.queue_mode;
         // A free permit with no token for it: wait for the bucket.
         let rate_bound = p.free > 0;
         if rate_bound && p.live_waiters() == 0 && p.take_token() {
             p.free -= 1;
             return Admit::Now;
         }
-        if queue && p.live_waiters() >= p.queue_cap {
+        let placed = queue && p.places > 0;
+        if queue && !placed && p.peers.is_empty() {
             return Admit::Full;
         }
         if !queue && (rate_bound || p.peers.is_empty()) {
             return Admit::Full;
+        }
+        if placed {
+            p.places -= 1;
         }
         p.next_ticket += 1;
         let ticket = p.next_ticket;
@@ -152,14 +171,21 @@ impl Permits {
             ticket,
             state: Cell::new(Wait::Queued),
             pending_denials: Cell::new(p.peers.len()),
+            placed: Cell::new(placed),
             waker: Cell::new(None),
         });
         p.waiters.push_back(Rc::clone(&waiter));
         let from = p.me;
-        // Asked even when a free permit only lacks a token: a peer may take that one meanwhile.
         for (_, peer) in &p.peers {
-            // Unbounded: never fails while the peer shard lives.
-            let _ = peer.send(PermitMsg::Want { from, ticket, queue });
+            // Unbounded: never fails while the peer shard lives. A waiter with a place asks
+            // for a permit (even when a free one here only lacks a token: a peer may take
+            // that one meanwhile); one without asks for a place first.
+            let msg = if queue && !placed {
+                PermitMsg::WantPlace { from, ticket }
+            } else {
+                PermitMsg::Want { from, ticket, queue }
+            };
+            let _ = peer.send(msg);
         }
         drop(p);
         Admit::Queued(Ticket { waiter, permits: Rc::clone(this) })
@@ -197,8 +223,9 @@ impl Permits {
                 }
             }
             PermitMsg::Grant => self.place_permit(),
-            PermitMsg::Deny { ticket } => {
-                if let Some(w) = self.waiters.iter().find(|w| w.ticket == ticket && w.state.get() == Wait::Queued) {
+            PermitMsg::Deny { ticket } | PermitMsg::DenyPlace { ticket } => {
+                let w = self.waiters.iter().find(|w| w.ticket == ticket && w.state.get() == Wait::Queued);
+                if let Some(w) = w.filter(|w| !w.placed.get()) {
                     let left = w.pending_denials.get().saturating_sub(1);
                     w.pending_denials.set(left);
                     if left == 0 {
@@ -208,6 +235,29 @@ impl Permits {
                 }
                 self.prune();
             }
+            PermitMsg::WantPlace { from, ticket } => {
+                if self.places > 0 {
+                    self.places -= 1;
+                    self.send(from, PermitMsg::GrantPlace { ticket });
+                } else {
+                    self.send(from, PermitMsg::DenyPlace { ticket });
+                }
+            }
+            PermitMsg::GrantPlace { ticket } => {
+                let w = self.waiters.iter().find(|w| w.ticket == ticket && w.state.get() == Wait::Queued);
+                match w.filter(|w| !w.placed.get()).cloned() {
+                    Some(w) => {
+                        // Placed: now it asks for a permit like any queued request.
+                        w.placed.set(true);
+                        let (from, ticket) = (self.me, w.ticket);
+                        for (_, peer) in &self.peers {
+                            let _ = peer.send(PermitMsg::Want { from, ticket, queue: true });
+                        }
+                    }
+                    // Admitted, gone, or placed by another peer already: the place is ours.
+                    None => self.places += 1,
+                }
+            }
         }
     }
 
@@ -216,9 +266,16 @@ impl Permits {
         self.free
     }
 
-    /// Requests waiting in this shard's queue now (metrics).
+    /// Requests in this shard's queue now, each holding a place (metrics).
     pub fn queued(&self) -> usize {
-        self.live_waiters()
+        self.waiters.iter().filter(|w| w.state.get() == Wait::Queued && w.placed.get()).count()
+    }
+
+    /// A waiter stopped waiting (admitted, refused or gone): its queue place is free again.
+    fn unplace(&mut self, w: &Waiter) {
+        if w.placed.replace(false) {
+            self.places += 1;
+        }
     }
 
     /// Gives one permit to this shard's oldest waiter (with a token), else the oldest debt,
@@ -231,7 +288,7 @@ impl Permits {
                 self.grant_oldest();
                 return;
             }
-            if self.queue_cap > 0 {
+            if self.queue_mode {
                 self.free += 1;
                 return;
             }
@@ -248,6 +305,7 @@ impl Permits {
         while let Some(w) = self.waiters.pop_front() {
             if w.state.get() == Wait::Queued {
                 w.state.set(Wait::Granted);
+                self.unplace(&w);
                 wake(&w);
                 return;
             }
@@ -256,9 +314,10 @@ impl Permits {
 
     /// No-queue waiters that found a permit but no token: refused (429) now.
     fn refuse_waiters(&mut self) {
-        for w in self.waiters.drain(..) {
+        for w in std::mem::take(&mut self.waiters) {
             if w.state.get() == Wait::Queued {
                 w.state.set(Wait::Refused);
+                self.unplace(&w);
                 wake(&w);
             }
         }
@@ -319,6 +378,7 @@ fn wake(w: &Waiter) {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut p = self.permits.borrow_mut();
+        p.unplace(&self.waiter);
         match self.waiter.state.replace(Wait::Left) {
             // Granted but never used (the request went away at the last moment).
             Wait::Granted => p.release(),
@@ -464,24 +524,35 @@ mod tests {
     }
 
     #[test]
-    fn queue_is_fifo_and_bounded() {
+    fn queue_is_fifo_and_bounded_gateway_wide() {
         let s = pair(2, 4);
         assert!(matches!(Permits::admit(&s[0].0, at(0)), Admit::Now));
         assert!(matches!(Permits::admit(&s[1].0, at(0)), Admit::Now));
         pump(&s);
-        let a = match Permits::admit(&s[0].0, at(0)) {
-            Admit::Queued(t) => t,
-            _ => panic!(),
-        };
-        let b = match Permits::admit(&s[0].0, at(0)) {
-            Admit::Queued(t) => t,
-            _ => panic!(),
-        };
-        assert!(matches!(Permits::admit(&s[0].0, at(0)), Admit::Full), "share of a queue of 4 over 2 shards");
+        let queued = |s: &[(Rc<RefCell<Permits>>, _); 2]| s[0].0.borrow().queued() + s[1].0.borrow().queued();
+        // Shard 0's two places, then two borrowed from shard 1: a queue of 4, wherever they arrive.
+        let mut t: Vec<Ticket> = Vec::new();
+        for k in 0..4 {
+            let Admit::Queued(x) = Permits::admit(&s[0].0, at(0)) else { panic!("request {k} queues") };
+            pump(&s);
+            t.push(x);
+        }
+        assert_eq!(queued(&s), 4);
+        let Admit::Queued(fifth) = Permits::admit(&s[1].0, at(0)) else { panic!("asks for a place") };
         pump(&s);
+        assert_eq!(fifth.waiter.state.get(), Wait::Refused, "no place left anywhere: 429");
+        drop(fifth);
+        assert_eq!(queued(&s), 4);
         s[0].0.borrow_mut().release();
         pump(&s);
-        assert!(granted(&a) && !granted(&b));
+        assert!(granted(&t[0]) && !granted(&t[1]), "first come, first served");
+        assert_eq!(queued(&s), 3);
+        // The admitted request's place is free again: one more may queue.
+        let Admit::Queued(again) = Permits::admit(&s[1].0, at(0)) else { panic!() };
+        pump(&s);
+        assert_eq!(queued(&s), 4);
+        drop(again);
+        assert_eq!(queued(&s), 3, "a request that left gives its place back");
     }
 
     #[test]
@@ -523,8 +594,9 @@ mod tests {
     }
 
     /// Random arrivals, departures, releases and message deliveries (in any order across
-    /// shards) for every cap 1..=8 on 1..=4 shards: never more than N admitted at once, and
-    /// every permit back in a pool once everyone has gone.
+    /// shards) for every cap 1..=8 on 1..=4 shards and queue sizes 0..=4: never more than N
+    /// admitted at once nor more than the queue size queued, and every permit and queue place
+    /// back in a pool once everyone has gone.
     #[test]
     fn exact_for_every_cap_and_shard_count_in_any_order() {
         for permits in 1..=8usize {
@@ -585,6 +657,8 @@ mod tests {
                             }
                         }
                         assert!(held.len() <= permits, "{} admitted with N={permits} on {shards} shards", held.len());
+                        let q: usize = s.iter().map(|p| p.borrow().queued()).sum();
+                        assert!(q <= queue, "{q} queued with --queue-size {queue} on {shards} shards");
                     }
                     waiting.clear();
                     for i in held.drain(..) {
@@ -604,6 +678,11 @@ mod tests {
                     }
                     let free: usize = s.iter().map(|p| p.borrow().free()).sum();
                     assert_eq!(free, permits, "a permit was lost or made (N={permits}, {shards} shards, seed {seed})");
+                    let places: usize = s.iter().map(|p| p.borrow().places).sum();
+                    assert_eq!(
+                        places, queue,
+                        "a queue place was lost or made (N={permits}, {shards} shards, seed {seed})"
+                    );
                 }
             }
         }
