@@ -192,10 +192,7 @@ impl Shard {
                 let s = Scheduler::new(Rc::new(p.clone()), index, cfg.cores, peers.sched);
                 (None, Some(Rc::new(RefCell::new(s))))
             }
-            (Some(a), None) => (
-                Some(Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits, crate::clock::now())))),
-                None,
-            ),
+            (Some(a), None) => (Some(Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits)))), None),
             (None, None) => (None, None),
         };
         Shard {
@@ -601,9 +598,6 @@ impl Shard {
         self.count_dropped(dropped);
         if let Some(t) = &self.traces {
             t.flush();
-        }
-        if let Some(p) = &self.permits {
-            p.borrow_mut().refill(now);
         }
         if let Some(s) = self.scheduler() {
             s.borrow_mut().tick();

@@ -1,7 +1,8 @@
 //! `--max-concurrent-requests N` is a concurrency cap on every shard count, whatever
-//! `--rate-limit-tokens-per-second` says (its default is N, as SMG's): the rate limits how
-//! fast requests are admitted, never how many run. Slow requests arriving half a second
-//! apart must never put more than N at the worker at once.
+//! `--rate-limit-tokens-per-second` says (its default is N, as SMG's): slow requests arriving
+//! half a second apart never put more than N at the worker at once, and the queue's places
+//! hold gateway-wide. As in SMG 1.13 the rate's tokens come back when requests end, so it
+//! never throttles what the cap admits.
 // clippy.toml's house rules are the gateway's: a test's threads are not shards and may sleep.
 #![allow(clippy::disallowed_methods)]
 
@@ -101,5 +102,28 @@ fn one_permit_and_one_queue_place_hold_across_two_shards() {
         drop(held);
         assert_eq!(rx.recv_timeout(patience(Duration::from_secs(10))), Ok(200), "the queued request, admitted");
         assert_eq!(w.state.max_in_flight(), 1);
+    });
+}
+
+/// The rate never throttles requests the cap admits: with N=1 (a refill of 1 a second by
+/// default) and no queue, 20 back-to-back requests are all admitted, as SMG 1.13 admits them
+/// (its bucket takes a request's token back when the request ends). Consuming a token per
+/// admission would refuse most of them with 429.
+#[test]
+fn back_to_back_requests_are_not_throttled_by_the_default_rate() {
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let url = w.url();
+        let gw =
+            Gateway::start(legacy, &["--worker-urls", &url, "--max-concurrent-requests", "1", "--queue-size", "0"]);
+        gw.ready();
+        let mut s = gw.connect();
+        let mut rest = Vec::new();
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        for i in 0..20 {
+            s.write_all(post_bytes("/v1/chat/completions", body, &[]).as_bytes()).unwrap();
+            let r = read_response(&mut s, &mut rest, false).unwrap();
+            assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        }
     });
 }

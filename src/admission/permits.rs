@@ -23,19 +23,19 @@
 //! permit answers `Deny` instead of recording a debt, and the request is refused (429) once
 //! every peer denied.
 //!
-//! `--rate-limit-tokens-per-second R > 0` limits how fast requests are admitted, never how
-//! many run: permits are never minted, so at most N are in flight whatever R says. Admitting
-//! a request here also takes a token from this shard's bucket, which fills at R / shards a
-//! second and holds at most its share of N (at least one). A permit that finds a local
-//! waiter but no token stays here until the bucket refills on the next tick (the waiter is
-//! refused at once under `--queue-size 0`). Across shards the buckets together admit at most
-//! R a second; a burst can exceed R by at most one token per shard, and never the cap N.
+//! `--rate-limit-tokens-per-second` mints nothing here: at most N requests are in flight
+//! whatever it says, and a request that finds a free permit is admitted. That is what SMG
+//! 1.13 does, measured side by side: its token bucket takes a request's token back when the
+//! request ends, so with N=1 and 1.2 s requests sent 0.5 s apart it ran one at a time, and
+//! with N=2 (a refill of 2 a second) it admitted 20 back-to-back requests in 0.87 s. An
+//! earlier version here consumed a token per admission, which throttled such a fleet to N
+//! requests a second; one before that minted permits, which broke the cap.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::task::Waker;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Shard → shard permit traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,26 +107,13 @@ pub struct Permits {
     debts: VecDeque<usize>,
     peers: Vec<(usize, flume::Sender<PermitMsg>)>,
     next_ticket: u64,
-    /// The admission rate: tokens this shard's bucket gains a second (0: no rate limit),
-    /// tokens in it, its size, and when it was last filled.
-    refill_per_sec: f64,
-    tokens: f64,
-    bucket_cap: f64,
-    last_refill: Instant,
 }
 
 // === impl Permits ===
 
 impl Permits {
-    /// Shard `me` of `shards`, with its share of the permits and of the queue; the token
-    /// bucket (if any) starts filling at `now`.
-    pub fn new(
-        cfg: &AdmissionConfig,
-        me: usize,
-        shards: usize,
-        peers: Vec<(usize, flume::Sender<PermitMsg>)>,
-        now: Instant,
-    ) -> Self {
+    /// Shard `me` of `shards`, with its share of the permits and of the queue.
+    pub fn new(cfg: &AdmissionConfig, me: usize, shards: usize, peers: Vec<(usize, flume::Sender<PermitMsg>)>) -> Self {
         let share = cfg.permits / shards + usize::from(me < cfg.permits % shards);
         Permits {
             me,
@@ -137,21 +124,14 @@ impl Permits {
             debts: VecDeque::new(),
             peers,
             next_ticket: 0,
-            refill_per_sec: cfg.refill_per_sec / shards as f64,
-            tokens: share.max(1) as f64,
-            bucket_cap: share.max(1) as f64,
-            last_refill: now,
         }
     }
 
-    /// Takes a permit, or a place in the queue, for a request that arrived at `now`.
-    pub fn admit(this: &Rc<RefCell<Permits>>, now: Instant) -> Admit {
+    /// Takes a permit, or a place in the queue.
+    pub fn admit(this: &Rc<RefCell<Permits>>) -> Admit {
         let mut p = this.borrow_mut();
-        p.refill(now);
         let queue = p.queue_mode;
-        // A free permit with no token for it: wait for the bucket.
-        let rate_bound = p.free > 0;
-        if rate_bound && p.live_waiters() == 0 && p.take_token() {
+        if p.free > 0 && p.live_waiters() == 0 {
             p.free -= 1;
             return Admit::Now;
         }
@@ -159,7 +139,7 @@ impl Permits {
         if queue && !placed && p.peers.is_empty() {
             return Admit::Full;
         }
-        if !queue && (rate_bound || p.peers.is_empty()) {
+        if !queue && p.peers.is_empty() {
             return Admit::Full;
         }
         if placed {
@@ -178,8 +158,7 @@ impl Permits {
         let from = p.me;
         for (_, peer) in &p.peers {
             // Unbounded: never fails while the peer shard lives. A waiter with a place asks
-            // for a permit (even when a free one here only lacks a token: a peer may take
-            // that one meanwhile); one without asks for a place first.
+            // for a permit; one without asks for a place first.
             let msg = if queue && !placed {
                 PermitMsg::WantPlace { from, ticket }
             } else {
@@ -278,21 +257,12 @@ impl Permits {
         }
     }
 
-    /// Gives one permit to this shard's oldest waiter (with a token), else the oldest debt,
-    /// else the pool. A waiter without a token leaves the permit in the pool for the next
-    /// refill, or, under `--queue-size 0`, is refused and the permit placed on.
+    /// Gives one permit to this shard's oldest waiter, else the oldest debt, else the pool.
     fn place_permit(&mut self) {
         self.prune();
         if self.live_waiters() > 0 {
-            if self.take_token() {
-                self.grant_oldest();
-                return;
-            }
-            if self.queue_mode {
-                self.free += 1;
-                return;
-            }
-            self.refuse_waiters();
+            self.grant_oldest();
+            return;
         }
         if let Some(peer) = self.debts.pop_front() {
             self.send(peer, PermitMsg::Grant);
@@ -312,29 +282,6 @@ impl Permits {
         }
     }
 
-    /// No-queue waiters that found a permit but no token: refused (429) now.
-    fn refuse_waiters(&mut self) {
-        for w in std::mem::take(&mut self.waiters) {
-            if w.state.get() == Wait::Queued {
-                w.state.set(Wait::Refused);
-                self.unplace(&w);
-                wake(&w);
-            }
-        }
-    }
-
-    /// Takes one admission token (always there with no rate limit).
-    fn take_token(&mut self) -> bool {
-        if self.refill_per_sec <= 0.0 {
-            return true;
-        }
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return true;
-        }
-        false
-    }
-
     fn send(&self, to: usize, msg: PermitMsg) {
         if let Some((_, tx)) = self.peers.iter().find(|(i, _)| *i == to) {
             let _ = tx.send(msg);
@@ -349,22 +296,6 @@ impl Permits {
     fn prune(&mut self) {
         while self.waiters.front().is_some_and(|w| w.state.get() != Wait::Queued) {
             self.waiters.pop_front();
-        }
-    }
-
-    /// Fills the bucket for the time between the last call and `now` (an earlier `now`, a
-    /// request that arrived before the last tick, adds nothing), then admits the waiters
-    /// that free permits were kept for.
-    pub fn refill(&mut self, now: Instant) {
-        if self.refill_per_sec <= 0.0 || now <= self.last_refill {
-            return;
-        }
-        let gained = now.duration_since(self.last_refill).as_secs_f64() * self.refill_per_sec;
-        self.tokens = (self.tokens + gained).min(self.bucket_cap);
-        self.last_refill = now;
-        while self.free > 0 && self.live_waiters() > 0 && self.take_token() {
-            self.free -= 1;
-            self.grant_oldest();
         }
     }
 }
@@ -400,8 +331,6 @@ impl Ticket {
 pub struct AdmissionConfig {
     /// Requests at the workers at once, gateway-wide.
     pub permits: usize,
-    /// Token-bucket refill, permits per second, gateway-wide (0 = a pure concurrency cap).
-    pub refill_per_sec: f64,
     /// Requests that may wait, gateway-wide (0 = refuse at once).
     pub queue_size: usize,
     pub queue_timeout: Duration,
@@ -427,30 +356,16 @@ impl Drop for Permit {
 mod tests {
     use super::*;
 
-    thread_local! {
-        /// One start per test thread: every time below is an offset from it.
-        static T0: Instant = crate::clock::now();
-    }
-
-    fn at(ms: u64) -> Instant {
-        T0.with(|t| *t) + std::time::Duration::from_millis(ms)
-    }
-
     fn cfg(permits: usize, queue: usize) -> AdmissionConfig {
-        AdmissionConfig {
-            permits,
-            refill_per_sec: 0.0,
-            queue_size: queue,
-            queue_timeout: std::time::Duration::from_secs(1),
-        }
+        AdmissionConfig { permits, queue_size: queue, queue_timeout: std::time::Duration::from_secs(1) }
     }
 
     /// Two shards wired to each other; messages are delivered by `pump`.
     fn pair(permits: usize, queue: usize) -> [(Rc<RefCell<Permits>>, flume::Receiver<PermitMsg>); 2] {
         let (t0, r0) = flume::unbounded();
         let (t1, r1) = flume::unbounded();
-        let a = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 0, 2, vec![(1, t1)], T0.with(|t| *t))));
-        let b = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 1, 2, vec![(0, t0)], T0.with(|t| *t))));
+        let a = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 0, 2, vec![(1, t1)])));
+        let b = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 1, 2, vec![(0, t0)])));
         [(a, r0), (b, r1)]
     }
 
@@ -477,13 +392,13 @@ mod tests {
     fn permits_move_to_the_shard_that_waits() {
         let s = pair(2, 10);
         // One permit each; shard 0 takes its own, then queues and gets shard 1's.
-        assert!(matches!(Permits::admit(&s[0].0, at(0)), Admit::Now));
-        let Admit::Queued(t) = Permits::admit(&s[0].0, at(0)) else { panic!() };
+        assert!(matches!(Permits::admit(&s[0].0), Admit::Now));
+        let Admit::Queued(t) = Permits::admit(&s[0].0) else { panic!() };
         pump(&s);
         assert!(granted(&t));
         t.into_held();
         // Gateway-wide at 2: a third request on either shard waits.
-        let Admit::Queued(t3) = Permits::admit(&s[1].0, at(0)) else { panic!() };
+        let Admit::Queued(t3) = Permits::admit(&s[1].0) else { panic!() };
         pump(&s);
         assert!(!granted(&t3));
         // Shard 0 frees one: it pays shard 1's debt.
@@ -503,22 +418,22 @@ mod tests {
     fn a_waiter_that_left_passes_its_grant_on() {
         let s = pair(1, 10);
         // Shard 1 has no permit of its own (1 permit, 2 shards).
-        let Admit::Queued(t) = Permits::admit(&s[1].0, at(0)) else { panic!() };
+        let Admit::Queued(t) = Permits::admit(&s[1].0) else { panic!() };
         drop(t);
         pump(&s);
         // The grant landed where no one waits: it is a free permit there now.
         assert_eq!(s[0].0.borrow().free() + s[1].0.borrow().free(), 1);
-        assert!(matches!(Permits::admit(&s[1].0, at(0)), Admit::Now));
+        assert!(matches!(Permits::admit(&s[1].0), Admit::Now));
     }
 
     #[test]
     fn no_queue_asks_peers_then_refuses() {
         let s = pair(1, 0);
-        let Admit::Queued(t) = Permits::admit(&s[1].0, at(0)) else { panic!() };
+        let Admit::Queued(t) = Permits::admit(&s[1].0) else { panic!() };
         pump(&s);
         assert!(granted(&t), "shard 0's free permit is used, not refused");
         t.into_held();
-        let Admit::Queued(t2) = Permits::admit(&s[0].0, at(0)) else { panic!() };
+        let Admit::Queued(t2) = Permits::admit(&s[0].0) else { panic!() };
         pump(&s);
         assert_eq!(t2.waiter.state.get(), Wait::Refused);
     }
@@ -526,19 +441,19 @@ mod tests {
     #[test]
     fn queue_is_fifo_and_bounded_gateway_wide() {
         let s = pair(2, 4);
-        assert!(matches!(Permits::admit(&s[0].0, at(0)), Admit::Now));
-        assert!(matches!(Permits::admit(&s[1].0, at(0)), Admit::Now));
+        assert!(matches!(Permits::admit(&s[0].0), Admit::Now));
+        assert!(matches!(Permits::admit(&s[1].0), Admit::Now));
         pump(&s);
         let queued = |s: &[(Rc<RefCell<Permits>>, _); 2]| s[0].0.borrow().queued() + s[1].0.borrow().queued();
         // Shard 0's two places, then two borrowed from shard 1: a queue of 4, wherever they arrive.
         let mut t: Vec<Ticket> = Vec::new();
         for k in 0..4 {
-            let Admit::Queued(x) = Permits::admit(&s[0].0, at(0)) else { panic!("request {k} queues") };
+            let Admit::Queued(x) = Permits::admit(&s[0].0) else { panic!("request {k} queues") };
             pump(&s);
             t.push(x);
         }
         assert_eq!(queued(&s), 4);
-        let Admit::Queued(fifth) = Permits::admit(&s[1].0, at(0)) else { panic!("asks for a place") };
+        let Admit::Queued(fifth) = Permits::admit(&s[1].0) else { panic!("asks for a place") };
         pump(&s);
         assert_eq!(fifth.waiter.state.get(), Wait::Refused, "no place left anywhere: 429");
         drop(fifth);
@@ -548,49 +463,11 @@ mod tests {
         assert!(granted(&t[0]) && !granted(&t[1]), "first come, first served");
         assert_eq!(queued(&s), 3);
         // The admitted request's place is free again: one more may queue.
-        let Admit::Queued(again) = Permits::admit(&s[1].0, at(0)) else { panic!() };
+        let Admit::Queued(again) = Permits::admit(&s[1].0) else { panic!() };
         pump(&s);
         assert_eq!(queued(&s), 4);
         drop(again);
         assert_eq!(queued(&s), 3, "a request that left gives its place back");
-    }
-
-    #[test]
-    fn the_rate_limits_admissions_never_how_many_run() {
-        // 2 permits, 4 admissions a second, one shard: the bucket holds 2 tokens.
-        let c = AdmissionConfig { refill_per_sec: 4.0, ..cfg(2, 4) };
-        let p = Rc::new(RefCell::new(Permits::new(&c, 0, 1, Vec::new(), at(0))));
-        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
-        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
-        let Admit::Queued(t) = Permits::admit(&p, at(10_000)) else { panic!("ten seconds of tokens mint no permit") };
-        assert!(!granted(&t), "both permits are held");
-        p.borrow_mut().release();
-        assert!(granted(&t), "a freed permit goes to the waiter: the bucket has tokens");
-        t.into_held();
-        // The bucket is down to one token (two taken at 0, refilled to 2, one taken now).
-        p.borrow_mut().release();
-        assert!(matches!(Permits::admit(&p, at(10_000)), Admit::Now));
-        p.borrow_mut().release();
-        let Admit::Queued(t) = Permits::admit(&p, at(10_000)) else { panic!("a free permit but no token") };
-        assert_eq!(p.borrow().free(), 1);
-        p.borrow_mut().refill(at(10_100));
-        assert!(!granted(&t), "0.4 tokens by 100 ms");
-        p.borrow_mut().refill(at(9_000));
-        assert!(!granted(&t), "an earlier time adds nothing");
-        p.borrow_mut().refill(at(10_250));
-        assert!(granted(&t), "the token of 250 ms admits the waiter");
-        assert_eq!(p.borrow().free(), 0);
-    }
-
-    #[test]
-    fn without_a_queue_a_request_with_no_token_is_refused() {
-        let c = AdmissionConfig { refill_per_sec: 1.0, ..cfg(2, 0) };
-        let p = Rc::new(RefCell::new(Permits::new(&c, 0, 1, Vec::new(), at(0))));
-        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
-        assert!(matches!(Permits::admit(&p, at(0)), Admit::Now));
-        p.borrow_mut().release();
-        assert!(matches!(Permits::admit(&p, at(100)), Admit::Full), "a permit, no token");
-        assert!(matches!(Permits::admit(&p, at(1_100)), Admit::Now), "a token a second");
     }
 
     /// Random arrivals, departures, releases and message deliveries (in any order across
@@ -604,26 +481,21 @@ mod tests {
                 for seed in 0..20u64 {
                     let mut rng = fastrand::Rng::with_seed(seed * 1000 + (permits * 10 + shards) as u64);
                     let queue = rng.usize(0..=4);
-                    // Half the runs also limit the admission rate, with time moving on.
-                    let c = AdmissionConfig {
-                        refill_per_sec: if seed % 2 == 0 { 0.0 } else { 3.0 },
-                        ..cfg(permits, queue)
-                    };
-                    let mut now_ms = 0;
+                    let c = cfg(permits, queue);
                     let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded::<PermitMsg>()).unzip();
                     let s: Vec<Rc<RefCell<Permits>>> = (0..shards)
                         .map(|me| {
                             let peers = (0..shards).filter(|&i| i != me).map(|i| (i, txs[i].clone())).collect();
-                            Rc::new(RefCell::new(Permits::new(&c, me, shards, peers, at(0))))
+                            Rc::new(RefCell::new(Permits::new(&c, me, shards, peers)))
                         })
                         .collect();
                     let mut held: Vec<usize> = Vec::new();
                     let mut waiting: Vec<(usize, Ticket)> = Vec::new();
                     for _ in 0..400 {
-                        match rng.u8(0..5) {
+                        match rng.u8(0..4) {
                             0 => {
                                 let at_shard = rng.usize(0..shards);
-                                match Permits::admit(&s[at_shard], at(now_ms)) {
+                                match Permits::admit(&s[at_shard]) {
                                     Admit::Now => held.push(at_shard),
                                     Admit::Queued(t) => waiting.push((at_shard, t)),
                                     Admit::Full => {}
@@ -634,10 +506,6 @@ mod tests {
                                 s[i].borrow_mut().release();
                             }
                             2 if !waiting.is_empty() => drop(waiting.swap_remove(rng.usize(0..waiting.len()))),
-                            3 => {
-                                now_ms += rng.u64(0..400);
-                                s[rng.usize(0..shards)].borrow_mut().refill(at(now_ms));
-                            }
                             _ => {
                                 let i = rng.usize(0..shards);
                                 if let Ok(m) = rxs[i].try_recv() {

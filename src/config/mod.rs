@@ -202,8 +202,9 @@ pub struct LaunchArgs {
     /// wait in the admission queue, their bodies unread.
     #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
     pub max_concurrent_requests: i64,
-    /// Refill of the admission token bucket, tokens per second (default: the
-    /// --max-concurrent-requests value, as SMG; 0 = a pure concurrency cap).
+    /// Refill of SMG's admission token bucket, tokens per second (default: the
+    /// --max-concurrent-requests value). As in SMG 1.13, a request's token comes back when
+    /// it ends, so the refill never admits beyond --max-concurrent-requests.
     #[arg(long)]
     pub rate_limit_tokens_per_second: Option<i64>,
     /// Requests that may wait for admission (0 = reject at once with 429).
@@ -430,14 +431,12 @@ impl LaunchArgs {
             return Ok(None);
         }
         let permits = self.max_concurrent_requests as usize;
-        let refill = match self.rate_limit_tokens_per_second {
-            Some(r) if r < 0 => return Err("--rate-limit-tokens-per-second: must be 0 or more".into()),
-            Some(r) => r as f64,
-            None => permits as f64,
-        };
+        // Validated as SMG does; it admits nothing beyond the permits (admission/permits.rs).
+        if self.rate_limit_tokens_per_second.is_some_and(|r| r < 0) {
+            return Err("--rate-limit-tokens-per-second: must be 0 or more".into());
+        }
         Ok(Some(AdmissionConfig {
             permits,
-            refill_per_sec: refill,
             queue_size: self.queue_size,
             queue_timeout: positive("--queue-timeout-secs", self.queue_timeout_secs)?,
         }))

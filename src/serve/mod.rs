@@ -211,7 +211,7 @@ async fn admit(shard: &Shard, client: &Client, head: &RequestHead, ctx: &mut Req
         return admit_class(sched, client, head, ctx).await;
     }
     let Some(permits) = shard.permits() else { return Ok(()) };
-    let ticket = match Permits::admit(permits, ctx.timings.started) {
+    let ticket = match Permits::admit(permits) {
         Admit::Now => {
             ctx.permit = Some(Permit::new(permits));
             ctx.admitted = Some(true);
