@@ -307,3 +307,44 @@ fn class_defaults_on_a_small_fleet_serve_idle_and_protect_under_contention() {
         assert!(!gw.log_text().contains("preempting"), "served from the reservation, not by preemption");
     });
 }
+
+/// A class's `queue_size` holds gateway-wide: bulk's one place on two shards queues one
+/// request while the slot is held, and every other bulk request (on fresh connections, so on
+/// either shard) is refused at once, 429 `scheduler_queue_full`, instead of queueing per
+/// shard and timing out with 503.
+#[test]
+fn a_class_queue_size_holds_across_shards() {
+    let _g = serial();
+    let mut yaml = String::from("classes:\n");
+    yaml += &class_line("system", 0, 8, 30, 30, false);
+    yaml += &class_line("interactive", 0, 8, 30, 30, false);
+    yaml += &class_line("default", 0, 8, 30, 30, false);
+    yaml += &class_line("bulk", 0, 1, 30, 120, false);
+    let cfg = file("bulk-queue-1", &yaml);
+    both_drivers(|legacy| {
+        let w = FakeWorker::start_reporting("m", 1);
+        let gw = gateway(legacy, &w, &cfg);
+        let held = send(gw.port, "system", HANG);
+        assert!(wait_until(patience(Duration::from_secs(5)), || w.state.in_flight() == 1), "the held request");
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..4 {
+            let (tx, port) = (tx.clone(), gw.port);
+            std::thread::spawn(move || {
+                let mut s = send(port, "bulk", ECHO);
+                let r = read_response(&mut s, &mut Vec::new(), false).ok();
+                let _ = tx.send(r.map(|r| (r.status, r.header("x-smg-error-code").map(str::to_string))));
+            });
+        }
+        for k in 0..3 {
+            let got = rx.recv_timeout(patience(Duration::from_secs(10)));
+            assert_eq!(
+                got,
+                Ok(Some((429, Some("scheduler_queue_full".into())))),
+                "answer {k}: one queued, the others refused"
+            );
+        }
+        drop(held);
+        let got = rx.recv_timeout(patience(Duration::from_secs(10)));
+        assert_eq!(got.map(|r| r.map(|(s, _)| s)), Ok(Some(200)), "the queued bulk request, admitted");
+    });
+}

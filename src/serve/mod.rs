@@ -267,10 +267,12 @@ async fn admit_class(
         }
         Admission::Queued(t) => t,
     };
-    let granted = queue_wait(client, limit, || Scheduler::wait(&ticket)).await?.is_some();
-    ctx.admitted = Some(granted);
-    if !granted {
-        return Err(reject(ApiError::scheduler_queue_timeout()));
+    let granted = queue_wait(client, limit, || Scheduler::wait(&ticket)).await?;
+    ctx.admitted = Some(granted == Some(true));
+    match granted {
+        Some(true) => {}
+        Some(false) => return Err(reject(ApiError::scheduler_queue_full())),
+        None => return Err(reject(ApiError::scheduler_queue_timeout())),
     }
     ctx.slot = Some(ticket.into_slot());
     Ok(())

@@ -20,8 +20,11 @@
 //!   capacity are never exceeded** (except while a capacity drop drains). The error is on
 //!   the safe side: a lower class can be refused while the reservation it would eat is
 //!   already used on another shard; the most slots so withheld is Σ_h R[h]·(N−1)/N.
-//! - A shard that cannot admit a request queues it (per class, FIFO; the class's
-//!   `queue_size` split over the shards) and, when it has no slot that class may use, sends `Want{class}`
+//! - A shard that cannot admit a request queues it (per class, FIFO) in one of the class's
+//!   `queue_size` places. The places are split over the shards like the slots (a shard may
+//!   own none) and move by message: with none left here the request asks the peers
+//!   (`WantPlace`) and is refused, 429, once they all said no, so a class's queue holds at
+//!   most its `queue_size` gateway-wide. Queued, when it has no slot that class may use, it sends `Want{class}`
 //!   to its peers. A peer with a slot that class may use by the rule above sends `Grant`
 //!   (the slot moves: `cap` −1 there, +1 here); else it records a debt. A freed slot goes to
 //!   the most urgent of this shard's waiters and debts: first a starving head (older than
@@ -59,8 +62,12 @@ use crate::clock::Clock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
+    /// Asking the peers for a place in its class's queue (not in the queue yet).
+    Placing,
     Queued,
     Granted,
+    /// Every peer had no place: 429.
+    Refused,
     Left,
 }
 
@@ -74,6 +81,8 @@ struct Waiter {
     class: Class,
     since: Instant,
     state: Cell<Wait>,
+    /// It holds one of its class's queue places (given back when it stops waiting).
+    placed: Cell<bool>,
     waker: Cell<Option<Waker>>,
 }
 
@@ -138,7 +147,10 @@ pub struct Scheduler {
     reported: [u32; 4],
     peer_counts: Vec<[u32; 4]>,
     queues: [VecDeque<Rc<Waiter>>; 4],
-    queue_cap: [usize; 4],
+    /// Free places in each class's queue on this shard.
+    places: [usize; 4],
+    /// Waiters asking the peers for a place.
+    placing: Vec<Rc<Waiter>>,
     debts: VecDeque<Debt>,
     peers: Vec<(usize, flume::Sender<SchedMsg>)>,
     held: Vec<Option<Rc<Held>>>,
@@ -185,7 +197,7 @@ impl Scheduler {
         peers: Vec<(usize, flume::Sender<SchedMsg>)>,
     ) -> Self {
         let capacity = cfg.fallback_capacity;
-        let queue_cap = Class::ALL.map(|c| (cfg.class(c).queue_size as usize).div_ceil(shards));
+        let places = Class::ALL.map(|c| share(cfg.class(c).queue_size as usize, me, shards));
         let mut s = Scheduler {
             me,
             shards,
@@ -197,7 +209,8 @@ impl Scheduler {
             reported: [0; 4],
             peer_counts: vec![[0; 4]; shards],
             queues: Default::default(),
-            queue_cap,
+            places,
+            placing: Vec::new(),
             debts: VecDeque::new(),
             peers,
             held: Vec::new(),
@@ -297,7 +310,8 @@ impl Scheduler {
             return Admission::Now(Slot::hold(this, class));
         }
         s.prune();
-        if s.live(class) >= s.queue_cap[class.index()] {
+        let placed = s.places[class.index()] > 0;
+        if !placed && s.peers.is_empty() {
             return Admission::Full;
         }
         let now = s.clock.now();
@@ -310,10 +324,33 @@ impl Scheduler {
             preempt: Cell::new(false),
             class,
             since: now,
-            state: Cell::new(Wait::Queued),
+            state: Cell::new(Wait::Placing),
+            placed: Cell::new(false),
             waker: Cell::new(None),
         });
-        s.queues[class.index()].push_back(Rc::clone(&waiter));
+        if placed {
+            s.places[class.index()] -= 1;
+            s.enqueue(&waiter);
+        } else {
+            waiter.pending.set(s.peers.len());
+            s.placing.push(Rc::clone(&waiter));
+            let from = s.me;
+            for (_, peer) in &s.peers {
+                let _ = peer.send(SchedMsg::WantPlace { from, ticket, class });
+            }
+        }
+        drop(s);
+        Admission::Queued(Ticket { waiter, sched: Rc::clone(this) })
+    }
+
+    /// Puts a waiter that holds a place into its class's queue, asking the peers for a slot
+    /// when this shard has none its class may use.
+    fn enqueue(&mut self, waiter: &Rc<Waiter>) {
+        waiter.placed.set(true);
+        waiter.state.set(Wait::Queued);
+        let (class, ticket, now) = (waiter.class, waiter.ticket, waiter.since);
+        let s = self;
+        s.queues[class.index()].push_back(Rc::clone(waiter));
         if s.available_to(class, false) <= 0 {
             // Preempt only when no peer has a slot this class may use: first ask them all.
             let can_preempt = s.cfg.class(class).can_preempt;
@@ -332,14 +369,21 @@ impl Scheduler {
                 }
             }
         }
-        drop(s);
-        Admission::Queued(Ticket { waiter, sched: Rc::clone(this) })
     }
 
-    /// Resolves when the ticket's request holds a slot.
-    pub async fn wait(ticket: &Ticket) {
+    /// A waiter stopped waiting: its queue place is free again.
+    fn unplace(&mut self, w: &Waiter) {
+        if w.placed.replace(false) {
+            self.places[w.class.index()] += 1;
+        }
+    }
+
+    /// Resolves when the ticket's request holds a slot (true), or was refused a place in
+    /// its class's queue (false).
+    pub async fn wait(ticket: &Ticket) -> bool {
         std::future::poll_fn(|cx| match ticket.waiter.state.get() {
-            Wait::Granted => Poll::Ready(()),
+            Wait::Granted => Poll::Ready(true),
+            Wait::Refused => Poll::Ready(false),
             _ => {
                 ticket.waiter.waker.set(Some(cx.waker().clone()));
                 Poll::Pending
@@ -447,6 +491,7 @@ impl Scheduler {
     fn grant(&mut self, w: &Waiter) {
         self.own[w.class.index()] += 1;
         w.state.set(Wait::Granted);
+        self.unplace(w);
         self.cancel_wants(w);
         if let Some(k) = w.waker.take() {
             k.wake();
@@ -513,6 +558,40 @@ impl Scheduler {
             SchedMsg::Counts { from, counts } => {
                 if let Some(c) = self.peer_counts.get_mut(from) {
                     *c = counts;
+                }
+            }
+            SchedMsg::WantPlace { from, ticket, class } => {
+                if self.places[class.index()] > 0 {
+                    self.places[class.index()] -= 1;
+                    self.send(from, SchedMsg::GrantPlace { ticket, class });
+                } else {
+                    self.send(from, SchedMsg::DenyPlace { ticket });
+                }
+            }
+            SchedMsg::GrantPlace { ticket, class } => {
+                let at = self.placing.iter().position(|w| w.ticket == ticket && w.state.get() == Wait::Placing);
+                match at {
+                    Some(i) => {
+                        let w = self.placing.swap_remove(i);
+                        self.enqueue(&w);
+                        self.dispatch();
+                    }
+                    // Gone, or placed by another peer already: the place stays here.
+                    None => self.places[class.index()] += 1,
+                }
+            }
+            SchedMsg::DenyPlace { ticket } => {
+                let at = self.placing.iter().position(|w| w.ticket == ticket && w.state.get() == Wait::Placing);
+                if let Some(i) = at {
+                    let w = &self.placing[i];
+                    w.pending.set(w.pending.get().saturating_sub(1));
+                    if w.pending.get() == 0 {
+                        let w = self.placing.swap_remove(i);
+                        w.state.set(Wait::Refused);
+                        if let Some(k) = w.waker.take() {
+                            k.wake();
+                        }
+                    }
                 }
             }
         }
@@ -629,11 +708,14 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut s = self.sched.borrow_mut();
-        if self.waiter.state.replace(Wait::Left) == Wait::Granted {
-            s.release(self.waiter.class);
-        } else {
-            s.cancel_wants(&self.waiter);
-            s.prune();
+        s.unplace(&self.waiter);
+        match self.waiter.state.replace(Wait::Left) {
+            Wait::Granted => s.release(self.waiter.class),
+            Wait::Placing => s.placing.retain(|w| w.ticket != self.waiter.ticket),
+            _ => {
+                s.cancel_wants(&self.waiter);
+                s.prune();
+            }
         }
     }
 }
@@ -767,5 +849,34 @@ mod tests {
         // Interactive's floor keeps the one slot: bulk queues, then is refused.
         let _t = queued(Scheduler::admit(&s, Class::Bulk));
         assert!(matches!(Scheduler::admit(&s, Class::Bulk), Admission::Full));
+    }
+
+    #[test]
+    fn a_class_queue_holds_its_size_gateway_wide() {
+        let c = cfg("classes:\n  system: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  default: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n  interactive: {reserved_floor: 2, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  bulk: {reserved_floor: 0, queue_size: 1, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n");
+        let (t0, r0) = flume::unbounded();
+        let (t1, r1) = flume::unbounded();
+        let a = Rc::new(RefCell::new(Scheduler::new(Rc::clone(&c), 0, 2, vec![(1, t1)])));
+        let b = Rc::new(RefCell::new(Scheduler::new(c, 1, 2, vec![(0, t0)])));
+        a.borrow_mut().observe_capacity(1, || 2);
+        b.borrow_mut().observe_capacity(1, || 2);
+        let s: Pair = [(a, r0), (b, r1)];
+        let depth = |s: &Pair| s[0].0.borrow().depth().0 + s[1].0.borrow().depth().0;
+        // Interactive's floor keeps both slots: bulk waits. The one place is shard 0's.
+        let first = queued(Scheduler::admit(&s[1].0, Class::Bulk));
+        pump(&s);
+        assert_eq!(first.waiter.state.get(), Wait::Queued, "shard 1 borrowed shard 0's place");
+        assert_eq!(depth(&s), 1);
+        for shard in [0, 1] {
+            let t = queued(Scheduler::admit(&s[shard].0, Class::Bulk));
+            pump(&s);
+            assert_eq!(t.waiter.state.get(), Wait::Refused, "shard {shard}: the class's one place is taken");
+        }
+        drop(first);
+        pump(&s);
+        let again = queued(Scheduler::admit(&s[0].0, Class::Bulk));
+        pump(&s);
+        assert_eq!(again.waiter.state.get(), Wait::Queued, "the place came back when its waiter left");
+        assert_eq!(depth(&s), 1);
     }
 }

@@ -19,4 +19,11 @@ pub enum SchedMsg {
     Grant { ticket: u64, reserved: Option<Class> },
     /// The sender's in-flight requests per class (for choosing where to preempt).
     Counts { from: usize, counts: [u32; 4] },
+    /// `from` has a `class` request that must wait and no place of its own left in that
+    /// class's queue.
+    WantPlace { from: usize, ticket: u64, class: Class },
+    /// One place in `class`'s queue, moved to the receiver for its waiter `ticket`.
+    GrantPlace { ticket: u64, class: Class },
+    /// The sender has no free place in that class's queue either.
+    DenyPlace { ticket: u64 },
 }
