@@ -42,8 +42,19 @@ pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A port free now and never handed out before in this process: the kernel may give a
+/// just-closed ephemeral port to the next bind, and two gateways of one test binary (one's
+/// main port, another's metrics port) once got the same one.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static HANDED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let p = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut handed = HANDED.lock().unwrap();
+        if !handed.contains(&p) {
+            handed.push(p);
+            return p;
+        }
+    }
 }
 
 /// Runs `f` once per monoio driver: io_uring (where the kernel allows) and epoll.
