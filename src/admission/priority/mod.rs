@@ -879,4 +879,95 @@ mod tests {
         assert_eq!(again.waiter.state.get(), Wait::Queued, "the place came back when its waiter left");
         assert_eq!(depth(&s), 1);
     }
+
+    /// Random arrivals of every class, releases, departures, ticks and message deliveries
+    /// in any order, for capacities 1..=8 on 1..=4 shards with small class queues (no
+    /// reservations, no preemption: the slot and place accounting): never more requests
+    /// holding slots than the capacity, never more queued in a class than its size, and
+    /// every slot and place back where it can be used once everyone has gone.
+    #[test]
+    fn exact_for_every_capacity_and_shard_count_in_any_order() {
+        for capacity in 1..=8usize {
+            for shards in 1..=4usize {
+                for seed in 0..10u64 {
+                    let mut rng = fastrand::Rng::with_seed(seed * 1000 + (capacity * 10 + shards) as u64);
+                    let sizes: Vec<usize> = (0..4).map(|_| rng.usize(0..=3)).collect();
+                    let mut yaml = String::from("classes:\n");
+                    for (c, name) in ["bulk", "default", "interactive", "system"].iter().enumerate() {
+                        yaml += &format!("  {name}: {{reserved_floor: 0, queue_size: {}, queue_timeout_secs: 5, starvation_threshold_secs: 60, can_preempt: false}}\n", sizes[c]);
+                    }
+                    let c = cfg(&yaml);
+                    let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded::<SchedMsg>()).unzip();
+                    let s: Vec<Rc<RefCell<Scheduler>>> = (0..shards)
+                        .map(|me| {
+                            let peers = (0..shards).filter(|&i| i != me).map(|i| (i, txs[i].clone())).collect();
+                            let sc = Rc::new(RefCell::new(Scheduler::new(Rc::clone(&c), me, shards, peers)));
+                            sc.borrow_mut().observe_capacity(1, || capacity);
+                            sc
+                        })
+                        .collect();
+                    let mut held: Vec<Slot> = Vec::new();
+                    let mut waiting: Vec<Ticket> = Vec::new();
+                    for _ in 0..300 {
+                        match rng.u8(0..5) {
+                            0 => match Scheduler::admit(&s[rng.usize(0..shards)], Class::ALL[rng.usize(0..4)]) {
+                                Admission::Now(slot) => held.push(slot),
+                                Admission::Queued(t) => waiting.push(t),
+                                Admission::Full => {}
+                            },
+                            1 if !held.is_empty() => drop(held.swap_remove(rng.usize(0..held.len()))),
+                            2 if !waiting.is_empty() => drop(waiting.swap_remove(rng.usize(0..waiting.len()))),
+                            3 => s[rng.usize(0..shards)].borrow_mut().tick(),
+                            _ => {
+                                let i = rng.usize(0..shards);
+                                if let Ok(m) = rxs[i].try_recv() {
+                                    s[i].borrow_mut().on_message(m);
+                                }
+                            }
+                        }
+                        let mut k = 0;
+                        while k < waiting.len() {
+                            if waiting[k].waiter.state.get() == Wait::Granted {
+                                held.push(waiting.swap_remove(k).into_slot());
+                            } else {
+                                k += 1;
+                            }
+                        }
+                        assert!(held.len() <= capacity, "{} hold slots of {capacity} on {shards} shards", held.len());
+                        for class in Class::ALL {
+                            let q: usize = s.iter().map(|x| x.borrow().live(class)).sum();
+                            assert!(q <= sizes[class.index()], "{q} {class:?} queued, size {}", sizes[class.index()]);
+                        }
+                    }
+                    waiting.clear();
+                    held.clear();
+                    loop {
+                        let mut moved = false;
+                        for (i, rx) in rxs.iter().enumerate() {
+                            while let Ok(m) = rx.try_recv() {
+                                s[i].borrow_mut().on_message(m);
+                                moved = true;
+                            }
+                        }
+                        if !moved {
+                            break;
+                        }
+                    }
+                    let cap: isize = s.iter().map(|x| x.borrow().cap).sum();
+                    assert_eq!(
+                        cap, capacity as isize,
+                        "a slot was lost or made (C={capacity}, {shards} shards, seed {seed})"
+                    );
+                    for class in Class::ALL {
+                        let places: usize = s.iter().map(|x| x.borrow().places[class.index()]).sum();
+                        assert_eq!(
+                            places,
+                            sizes[class.index()],
+                            "a {class:?} queue place was lost or made (seed {seed})"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
