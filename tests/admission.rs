@@ -1,7 +1,7 @@
 //! Who may send what (API keys, tenant keys, control-plane keys) and how many requests are
 //! let through at once (--max-concurrent-requests and its queue), through the real binary.
-//! Each test runs under io_uring and epoll with two shards; the tests of this file run one
-//! at a time (see `serial`), since the admission ones count requests in flight.
+//! Each test runs under io_uring and epoll with two shards, beside the others: each waits on
+//! what its own gateway and worker did, so a busy host cannot fool it.
 
 // clippy.toml's house rules are the gateway's: a test's threads are not shards and may block and lock.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use sonic_rs::JsonValueTrait;
 use support::admit::*;
-use support::rogue::{connect_with, serial};
+use support::rogue::connect_with;
 use support::*;
 
 fn secs(n: u64) -> Duration {
@@ -197,7 +197,6 @@ fn report(what: &str, wrong: &[String]) {
 /// body that never reaches the worker; each configured key is relayed.
 #[test]
 fn serving_routes_need_a_configured_key() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let shared: &[&str] = &["--api-key", "shared-secret"];
@@ -234,7 +233,6 @@ fn serving_routes_need_a_configured_key() {
 /// control-plane key are all relayed (control-plane keys alone do not turn serving auth on).
 #[test]
 fn serving_routes_are_open_without_serving_keys() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let cp: &[&str] =
@@ -264,7 +262,6 @@ fn serving_routes_are_open_without_serving_keys() {
 /// keys are configured.
 #[test]
 fn public_routes_answer_without_a_key() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let all: &[&str] = &[
@@ -308,7 +305,6 @@ fn public_routes_answer_without_a_key() {
 /// works on both kinds of route.
 #[test]
 fn control_plane_keys_do_not_open_serving_routes() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let mut wrong = Vec::new();
@@ -372,7 +368,6 @@ fn control_plane_keys_do_not_open_serving_routes() {
 /// relayed to a worker.
 #[test]
 fn admin_routes_follow_the_key_rules() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         struct Case<'a> {
@@ -482,7 +477,6 @@ fn admin_routes_follow_the_key_rules() {
 /// A 401 on a keep-alive connection does not leave the unread body to be parsed as a request.
 #[test]
 fn malformed_authorization_is_401_and_harmless() {
-    let _serial = serial();
     both_drivers(|legacy| {
         const KEY: &str = "s3cret-key";
         let w = FakeWorker::start("m");
@@ -574,7 +568,6 @@ fn malformed_authorization_is_401_and_harmless() {
 /// Malformed key flags stop the gateway at start with an error that names the flag.
 #[test]
 fn malformed_key_flags_fail_at_start() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let url = w.url();
@@ -732,7 +725,6 @@ fn assert_shed(r: &Response, status: u16, kind: &str, code: &str) {
 /// never has more than 4 of them (and does reach 4), and every client gets its whole stream.
 #[test]
 fn concurrency_cap_holds_for_64_clients() {
-    let _serial = serial();
     both_drivers(|legacy| {
         const CLIENTS: usize = 64;
         let w = FakeWorker::start("m");
@@ -775,7 +767,6 @@ fn concurrency_cap_holds_for_64_clients() {
 /// admission_queue_full and never reaches the worker; the slot serves again afterwards.
 #[test]
 fn full_queue_is_429_at_once() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(
@@ -814,7 +805,6 @@ fn full_queue_is_429_at_once() {
 /// admission_queue_timeout after about that long, and never reaches the worker.
 #[test]
 fn queue_timeout_is_503() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(
@@ -850,7 +840,6 @@ fn queue_timeout_is_503() {
 /// is read then; both requests are served whole.
 #[test]
 fn queued_request_body_is_left_unread() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let (gw, mport) = gateway_metrics(
@@ -960,7 +949,6 @@ fn queued_request_body_is_left_unread() {
 /// being refused, and is served when the slot frees. A never reaches the worker.
 #[test]
 fn a_client_hanging_up_leaves_the_queue() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let (gw, mport) = gateway_metrics(
@@ -1010,7 +998,6 @@ fn a_client_hanging_up_leaves_the_queue() {
 /// Requests queued on one shard are admitted in the order they arrived.
 #[test]
 fn queued_requests_are_admitted_in_arrival_order() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let (gw, mport) = gateway_metrics(
@@ -1056,7 +1043,6 @@ fn queued_requests_are_admitted_in_arrival_order() {
 /// streams are in flight at once again, and a fifth request waits.
 #[test]
 fn no_slot_is_lost_to_errors_aborts_or_timeouts() {
-    let _serial = serial();
     both_drivers(|legacy| {
         const TOTAL: usize = 2000;
         const STALLS: usize = 6;
@@ -1237,7 +1223,6 @@ fn no_slot_is_lost_to_errors_aborts_or_timeouts() {
 /// under --max-concurrent-requests 2 never have more than 2 at the worker, and all finish.
 #[test]
 fn the_cap_is_gateway_wide_across_shards() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(legacy, &w.url(), &["--max-concurrent-requests", "2", "--rate-limit-tokens-per-second", "0"]);

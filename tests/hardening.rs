@@ -1,6 +1,5 @@
 //! Data-plane hardening: misbehaving workers and clients, resource bounds, and the HTTP/1.1
-//! rules a gateway must not bend. Each test runs under io_uring and epoll; the tests of this
-//! file run one at a time (see `serial`), since several of them load the machine.
+//! rules a gateway must not bend. Each test runs under io_uring and epoll, beside the others.
 
 // clippy.toml's house rules are the gateway's: a test's threads are not shards and may block and lock.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -55,7 +54,6 @@ fn one_health(port: u16, within: Duration) -> Result<(), String> {
 /// a connection task.
 #[test]
 fn no_accepted_connection_is_lost() {
-    let _serial = serial();
     both_drivers(|legacy| {
         const CONNS: usize = 20_000;
         let w = FakeWorker::start("m");
@@ -144,7 +142,6 @@ fn no_accepted_connection_is_lost() {
 /// gateway must never hand a request to such a socket and fail it.
 #[test]
 fn worker_closing_after_each_stream() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = RogueWorker::start("m", Mode::CloseAfterStream);
         let gw = gateway(legacy, &w.url(), &[]);
@@ -217,7 +214,6 @@ fn worker_closing_after_each_stream() {
 /// to no request: they must never be read as the next client's response.
 #[test]
 fn stray_bytes_never_reach_the_next_client() {
-    let _serial = serial();
     both_drivers(|legacy| {
         for mode in [Mode::StrayBytes, Mode::StrayBytesLate] {
             let w = RogueWorker::start("m", mode);
@@ -252,7 +248,6 @@ fn stray_bytes_never_reach_the_next_client() {
 /// worker's connection, so an endless stream cannot pin a socket pair forever.
 #[test]
 fn non_reading_clients_are_cut_after_the_send_deadline() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = RogueWorker::start("m", Mode::EndlessStream);
         let gw = gateway(legacy, &w.url(), &["--client-write-timeout-secs", "1"]);
@@ -287,7 +282,6 @@ fn non_reading_clients_are_cut_after_the_send_deadline() {
 /// chunk (so the client knows it was cut) and the worker's connection is closed.
 #[test]
 fn stalled_worker_body_is_ended() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = RogueWorker::start("m", Mode::StallAfterHead);
         let gw = gateway(legacy, &w.url(), &["--upstream-read-timeout-secs", "1"]);
@@ -324,7 +318,6 @@ fn stalled_worker_body_is_ended() {
 /// gateway buffer what it sent.
 #[test]
 fn endless_blank_lines_are_bounded() {
-    let _serial = serial();
     both_drivers(|legacy| {
         const LIMIT: usize = 200 << 20;
         let w = FakeWorker::start("m");
@@ -407,7 +400,6 @@ const CHAT_M: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]
 /// closing the connection.
 #[test]
 fn http10_stream_is_not_chunked() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(legacy, &w.url(), &[]);
@@ -450,7 +442,6 @@ fn http10_stream_is_not_chunked() {
 /// 502 with the error envelope, not a cut connection.
 #[test]
 fn malformed_first_chunk_is_502() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = RogueWorker::start("m", Mode::BadFirstChunk);
         let gw = gateway(legacy, &w.url(), &[]);
@@ -468,7 +459,6 @@ fn malformed_first_chunk_is_502() {
 /// RFC 9112 rules on Host, the absolute form of the request target and transfer codings.
 #[test]
 fn host_absolute_form_and_transfer_codings() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(legacy, &w.url(), &[]);
@@ -600,7 +590,6 @@ fn imf_fixdate_parser() {
 /// Every response carries a Date header (RFC 9110 §6.6.1) in IMF-fixdate form, close to now.
 #[test]
 fn date_header_everywhere() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(legacy, &w.url(), &[]);
@@ -629,7 +618,6 @@ fn date_header_everywhere() {
 /// workers (health checks included) and serve again as soon as clients leave.
 #[test]
 fn descriptor_limit() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let url = w.url();
@@ -833,7 +821,6 @@ fn check_answer(tag: &str, case: &FaultCase, got: &Result<Response, String>) -> 
 #[test]
 fn pooled_reuse_survives_per_request_faults() {
     const STEPS: usize = 300;
-    let _serial = serial();
     let seed0 = std::env::var("SMG_FUZZ_SEED")
         .ok()
         .and_then(|v| match v.strip_prefix("0x") {
@@ -1020,7 +1007,6 @@ fn pooled_reuse_survives_per_request_faults() {
 /// with 500 internal_error; the permit it held, the other connections and the shard go on.
 #[test]
 fn a_panicking_request_costs_only_itself() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(

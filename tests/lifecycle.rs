@@ -1,7 +1,7 @@
 //! Request life-cycle: what the gateway answers before a body arrives, what every answer it
 //! makes carries, status lines, upstream sockets that die while pooled, and a drain that
-//! resets none of the connections the kernel completed. Each test runs
-//! under io_uring and epoll; the tests of this file run one at a time (see `serial`).
+//! resets none of the connections the kernel completed. Each test runs under io_uring and
+//! epoll, beside the others.
 // A test's threads are not shards: they sleep, and time what the gateway does.
 #![allow(clippy::disallowed_methods)]
 
@@ -32,7 +32,6 @@ fn gateway(legacy: bool, urls: &[String], extra: &[&str]) -> Gateway {
 /// large the body it announces, and the connection then closed (its body was never read).
 #[test]
 fn unknown_path_with_huge_body_is_answered_before_the_body() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(legacy, &[w.url()], &[]);
@@ -68,7 +67,6 @@ fn unknown_path_with_huge_body_is_answered_before_the_body() {
 /// sent one, whatever the status and however early the request failed.
 #[test]
 fn x_request_id_on_every_gateway_answer() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let gw = gateway(
@@ -121,7 +119,6 @@ fn x_request_id_on_every_gateway_answer() {
 /// worker wrote it, and an empty one is replaced by the standard phrase.
 #[test]
 fn reason_phrases() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let mut wrong = Vec::new();
         // 503: no healthy worker.
@@ -164,7 +161,6 @@ fn reason_phrases() {
 /// that must all succeed on fresh connections, however many stale sockets the pool holds.
 #[test]
 fn restarted_worker_with_stale_pooled_sockets() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = RogueWorker::start("m", Mode::Restartable);
         let gw = gateway(legacy, &[w.url()], &["--cores", "1", "--upstream-pool-idle-timeout-secs", "30"]);
@@ -239,7 +235,6 @@ fn ask_once(port: u16) -> Option<Ended> {
 /// connections in its accept queue; about one in 128 of such a loop was).
 #[test]
 fn a_drain_resets_no_completed_connection() {
-    let _serial = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         // Three drains per driver: each catches a few connections in the accept queue.

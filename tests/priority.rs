@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use sonic_rs::JsonValueTrait;
 use support::admit::*;
-use support::rogue::serial;
 use support::*;
 
 const HANG: &str = r#"{"model":"m","stream":true,"fake":"hang","messages":[{"role":"user","content":"hi"}]}"#;
@@ -71,7 +70,6 @@ fn hangs(w: &FakeWorker) -> usize {
 
 #[test]
 fn interactive_preempts_bulk_streams_that_have_not_started() {
-    let _g = serial();
     let mut yaml = String::from("classes:\n");
     yaml += &class_line("system", 0, 64, 30, 5, true);
     yaml += &class_line("interactive", 0, 64, 30, 5, true);
@@ -117,7 +115,6 @@ fn interactive_preempts_bulk_streams_that_have_not_started() {
 
 #[test]
 fn reserved_floors_hold() {
-    let _g = serial();
     let mut yaml = String::from("classes:\n");
     yaml += &class_line("system", 0, 64, 30, 5, true);
     yaml += &class_line("interactive", 2, 64, 30, 5, true);
@@ -141,7 +138,6 @@ fn reserved_floors_hold() {
 
 #[test]
 fn a_starving_bulk_request_is_promoted() {
-    let _g = serial();
     let mut yaml = String::from("classes:\n");
     // Interactive's floor is every slot (reservations that do not fit would be scaled).
     yaml += &class_line("system", 0, 64, 30, 5, true);
@@ -169,7 +165,6 @@ fn a_starving_bulk_request_is_promoted() {
 
 #[test]
 fn queue_full_and_queue_timeout() {
-    let _g = serial();
     let mut yaml = String::from("classes:\n");
     yaml += &class_line("system", 0, 64, 30, 5, true);
     yaml += &class_line("interactive", 4, 64, 30, 5, true);
@@ -231,7 +226,6 @@ fn bad_config_files_fail_at_start_naming_file_and_line() {
 
 #[test]
 fn classes_are_counted_in_metrics_and_the_access_log() {
-    let _g = serial();
     let mut yaml = String::from("classes:\n");
     for c in ["system", "interactive", "default", "bulk"] {
         yaml += &class_line(c, 0, 64, 30, 30, c != "bulk");
@@ -276,7 +270,6 @@ fn classes_are_counted_in_metrics_and_the_access_log() {
 /// reservations still keep slots for interactive traffic, without preempting anyone.
 #[test]
 fn class_defaults_on_a_small_fleet_serve_idle_and_protect_under_contention() {
-    let _g = serial();
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         let url = w.url();
@@ -314,7 +307,6 @@ fn class_defaults_on_a_small_fleet_serve_idle_and_protect_under_contention() {
 /// shard and timing out with 503.
 #[test]
 fn a_class_queue_size_holds_across_shards() {
-    let _g = serial();
     let mut yaml = String::from("classes:\n");
     yaml += &class_line("system", 0, 8, 30, 30, false);
     yaml += &class_line("interactive", 0, 8, 30, 30, false);

@@ -16,7 +16,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -550,12 +550,6 @@ fn peer_closes_within(s: &mut TcpStream, st: &RogueState, within: Duration) -> b
 }
 
 // === Helpers for the hardening tests ===
-
-/// One lock per test binary: the load-heavy tests must not time each other's bounds.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Connects to the gateway with `timeout` as read and write timeout.
 pub fn connect_with(port: u16, timeout: Duration) -> std::io::Result<TcpStream> {
