@@ -73,8 +73,9 @@ pub struct CompareArgs {
     /// Scenario file or name; `ws-1k` is the WebSocket relay (see load/ws_compare.rs).
     #[arg(long, default_value = "chat-1k")]
     pub scenario: String,
-    /// Targets: direct, smg, smg-base, nginx, smg-python. Each round runs them all, starting
-    /// one further along the list than the round before.
+    /// Targets: direct, smg, smg-base, nginx, nginx-log (nginx with its own buffered access
+    /// log, the match for smg's default configuration), smg-python. Each round runs them all,
+    /// starting one further along the list than the round before.
     #[arg(long, default_value = "direct,smg,nginx,smg-python")]
     pub targets: String,
     /// Rounds; each round runs every target once (use a multiple of the target count so each
@@ -332,13 +333,20 @@ pub(crate) fn spawn_sim(mut cmd: Command, bin: &Path) -> Result<(Proc, Vec<u16>)
     Ok((Proc { child, _dir: None }, ports))
 }
 
-fn nginx_conf(dir: &Path, port: u16, upstreams: &[u16]) -> String {
+/// nginx as a reverse proxy to the workers; `access_log`: with its own buffered access log
+/// (the `combined` format, 64 KB buffer), the fair match for a gateway whose access log is on.
+fn nginx_conf(dir: &Path, port: u16, upstreams: &[u16], access_log: bool) -> String {
     let servers: String = upstreams.iter().map(|p| format!("    server 127.0.0.1:{p};\n")).collect();
     let d = dir.display();
+    let log = if access_log {
+        format!("access_log {d}/access.log combined buffer=64k flush=1s;")
+    } else {
+        "access_log off;".to_string()
+    };
     format!(
         "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log error;\n\
 events {{ worker_connections 8192; }}\n\
-http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  client_max_body_size 64m;\n  client_body_buffer_size 1m;\n  keepalive_requests 1000000;\n\
+http {{\n  {log}\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  client_max_body_size 64m;\n  client_body_buffer_size 1m;\n  keepalive_requests 1000000;\n\
   upstream sim {{\n{servers}    keepalive 64;\n  }}\n\
   server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://sim;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
     )
@@ -380,7 +388,9 @@ pub(crate) fn start_target(
         }
         Kind::Nginx => {
             let bin = t.bin.as_ref().ok_or("no binary")?;
-            let (child, dir) = spawn_nginx(args.sut_core, bin, "nginx", |dir| nginx_conf(dir, port, sim_ports))?;
+            let (child, dir) = spawn_nginx(args.sut_core, bin, "nginx", |dir| {
+                nginx_conf(dir, port, sim_ports, t.name == "nginx-log")
+            })?;
             (child, Some(dir))
         }
     };
@@ -420,20 +430,23 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
             "direct" => (Kind::Direct, "direct", None),
             "smg" => (Kind::Smg, "smg", Some(gateway_bin(args.sut.gateway_bin.as_deref())).filter(|b| b.is_file())),
             "smg-base" => (Kind::Smg, "smg-base", args.sut.base_bin.clone().filter(|b| b.is_file())),
-            "nginx" => {
+            "nginx" | "nginx-log" => {
                 let bin = args
                     .sut
                     .nginx_bin
                     .clone()
                     .or_else(|| on_path("nginx"))
                     .or_else(|| Some(PathBuf::from("/usr/sbin/nginx")));
-                (Kind::Nginx, "nginx", bin.filter(|b| b.is_file()))
+                let name = if name == "nginx" { "nginx" } else { "nginx-log" };
+                (Kind::Nginx, name, bin.filter(|b| b.is_file()))
             }
             "smg-python" => {
                 let bin = args.sut.smg_python_bin.clone().or_else(|| on_path("smg"));
                 (Kind::SmgPython, "smg-python", bin.filter(|b| b.is_file() && is_python_script(b)))
             }
-            other => return Err(format!("unknown target {other:?} (direct, smg, smg-base, nginx, smg-python)")),
+            other => {
+                return Err(format!("unknown target {other:?} (direct, smg, smg-base, nginx, nginx-log, smg-python)"))
+            }
         };
         if args.sut.grpc && matches!(kind, Kind::Direct | Kind::Nginx) {
             notes.push(format!("{name}: skipped (--grpc: it speaks no gRPC)"));
@@ -607,7 +620,10 @@ mod tests {
 
     #[test]
     fn nginx_conf_has_the_essentials() {
-        let c = nginx_conf(Path::new("/tmp/x"), 8080, &[1, 2]);
+        assert!(nginx_conf(Path::new("/tmp/x"), 8080, &[1], false).contains("access_log off;"));
+        assert!(nginx_conf(Path::new("/tmp/x"), 8080, &[1], true)
+            .contains("access_log /tmp/x/access.log combined buffer=64k flush=1s;"));
+        let c = nginx_conf(Path::new("/tmp/x"), 8080, &[1, 2], false);
         for needle in [
             "worker_processes 1;",
             "daemon off;",
