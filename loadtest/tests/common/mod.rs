@@ -11,26 +11,11 @@ use smg_loadtest::wire::ChunkedDecoder;
 /// Both drivers: io_uring (when the kernel allows) and epoll.
 pub const DRIVERS: [bool; 2] = [false, true];
 
-/// `d` scaled by `SMG_TEST_PATIENCE_MS / 1000` (default 1000: as written), as in the
-/// gateway's tests.
-pub fn patience(d: Duration) -> Duration {
-    let ms = std::env::var("SMG_TEST_PATIENCE_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1000).max(1);
-    d.mul_f64(ms as f64 / 1000.0)
-}
-
-/// Polls `cond` every 5 ms for at most `within`; true once it held.
-pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+// The gateway's own patience factor and signal wait, shared by path (another crate).
+#[path = "../../../tests/support/patience.rs"]
+mod patience;
+#[allow(unused_imports)] // not every test binary waits
+pub use patience::{patience, wait_until};
 
 pub fn driver_env(cmd: &mut Command, legacy: bool) {
     if legacy {
