@@ -39,12 +39,15 @@ pub struct AccessLog {
     json: bool,
     buf: RefCell<Vec<u8>>,
     lines: Cell<u64>,
+    /// The last second a line was stamped with, as "YYYY-MM-DDTHH:MM:SS": lines of one
+    /// second share it, so only the milliseconds are formatted per line.
+    second: Cell<(u64, [u8; 19])>,
 }
 
 impl AccessLog {
     /// `tx` None: the access log is off.
     pub fn new(tx: Option<flume::Sender<Vec<u8>>>, json: bool) -> Self {
-        Self { tx, json, buf: RefCell::new(Vec::new()), lines: Cell::new(0) }
+        Self { tx, json, buf: RefCell::new(Vec::new()), lines: Cell::new(0), second: Cell::new((u64::MAX, [0; 19])) }
     }
 
     pub fn enabled(&self) -> bool {
@@ -58,10 +61,13 @@ impl AccessLog {
         }
         {
             let mut b = self.buf.borrow_mut();
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let second = self.stamp(now.as_secs());
+            let ts = Stamp { second: &second, millis: now.subsec_millis() };
             if self.json {
-                json_line(&mut b, e);
+                json_line(&mut b, e, ts);
             } else {
-                text_line(&mut b, e);
+                text_line(&mut b, e, ts);
             }
         }
         self.lines.set(self.lines.get() + 1);
@@ -92,41 +98,66 @@ impl AccessLog {
     }
 }
 
-fn timestamp(out: &mut Vec<u8>) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let c = crate::civil::from_unix(now.as_secs() as i64);
-    let two = |out: &mut Vec<u8>, v: u32| {
-        out.push(b'0' + (v / 10) as u8);
-        out.push(b'0' + (v % 10) as u8);
-    };
-    put_dec(out, c.year.max(0) as u64);
-    out.push(b'-');
-    two(out, c.month);
-    out.push(b'-');
-    two(out, c.day);
-    out.push(b'T');
-    two(out, c.hour);
-    out.push(b':');
-    two(out, c.minute);
-    out.push(b':');
-    two(out, c.second);
-    out.push(b'.');
-    let ms = now.subsec_millis();
-    out.push(b'0' + (ms / 100) as u8);
-    two(out, ms % 100);
-    out.push(b'Z');
+impl AccessLog {
+    /// "YYYY-MM-DDTHH:MM:SS" of `unix` seconds, formatted once per second.
+    fn stamp(&self, unix: u64) -> [u8; 19] {
+        let (cached, text) = self.second.get();
+        if cached == unix {
+            return text;
+        }
+        let mut out = Vec::with_capacity(19);
+        let c = crate::civil::from_unix(unix as i64);
+        let two = |out: &mut Vec<u8>, v: u32| {
+            out.push(b'0' + (v / 10 % 10) as u8);
+            out.push(b'0' + (v % 10) as u8);
+        };
+        let year = c.year.clamp(0, 9999) as u32;
+        two(&mut out, year / 100);
+        two(&mut out, year % 100);
+        out.push(b'-');
+        two(&mut out, c.month);
+        out.push(b'-');
+        two(&mut out, c.day);
+        out.push(b'T');
+        two(&mut out, c.hour);
+        out.push(b':');
+        two(&mut out, c.minute);
+        out.push(b':');
+        two(&mut out, c.second);
+        let mut text = [0u8; 19];
+        text.copy_from_slice(&out);
+        self.second.set((unix, text));
+        text
+    }
+}
+
+/// A line's time: its second, formatted, and its milliseconds.
+#[derive(Clone, Copy)]
+struct Stamp<'a> {
+    second: &'a [u8; 19],
+    millis: u32,
+}
+
+fn timestamp(out: &mut Vec<u8>, ts: Stamp<'_>) {
+    out.extend_from_slice(ts.second);
+    let ms = ts.millis.min(999);
+    out.extend_from_slice(&[b'.', b'0' + (ms / 100) as u8, b'0' + (ms / 10 % 10) as u8, b'0' + (ms % 10) as u8, b'Z']);
 }
 
 /// A value for a text line: printable ASCII kept, anything else `?`, empty as `-`.
 fn text_value(out: &mut Vec<u8>, v: &[u8]) {
     if v.is_empty() {
         out.push(b'-');
+    } else if v.iter().all(u8::is_ascii_graphic) {
+        // The usual case, copied whole.
+        out.extend_from_slice(v);
+    } else {
+        out.extend(v.iter().map(|b| if b.is_ascii_graphic() { *b } else { b'?' }));
     }
-    out.extend(v.iter().map(|b| if b.is_ascii_graphic() { *b } else { b'?' }));
 }
 
-fn text_line(out: &mut Vec<u8>, e: &Entry<'_>) {
-    timestamp(out);
+fn text_line(out: &mut Vec<u8>, e: &Entry<'_>, ts: Stamp<'_>) {
+    timestamp(out, ts);
     out.extend_from_slice(b" INFO  request request_id=");
     text_value(out, e.request_id);
     let fields: [(&[u8], &[u8]); 7] = [
@@ -160,9 +191,9 @@ fn text_line(out: &mut Vec<u8>, e: &Entry<'_>) {
     out.push(b'\n');
 }
 
-fn json_line(out: &mut Vec<u8>, e: &Entry<'_>) {
+fn json_line(out: &mut Vec<u8>, e: &Entry<'_>, ts: Stamp<'_>) {
     out.extend_from_slice(b"{\"ts\":\"");
-    timestamp(out);
+    timestamp(out, ts);
     out.extend_from_slice(b"\",\"level\":\"INFO\",\"msg\":\"request\",\"request_id\":");
     smg_wire::json::put_str(out, &String::from_utf8_lossy(e.request_id));
     for (k, v) in [
@@ -225,21 +256,33 @@ mod tests {
         }
     }
 
+    const SECOND: Stamp<'static> = Stamp { second: b"2026-12-04T10:59:07", millis: 42 };
+
     #[test]
     fn text_and_json_lines() {
         let mut t = Vec::new();
-        text_line(&mut t, &entry());
+        text_line(&mut t, &entry(), SECOND);
         let t = String::from_utf8(t).unwrap();
+        assert!(t.starts_with("2026-12-04T10:59:07.042Z INFO  request"), "{t}");
         assert!(t.ends_with(" INFO  request request_id=chatcmpl-1 tenant=auth:red priority=interactive method=POST path=/v1/chat/completions model=m?x worker=http://127.0.0.1:1 error_code=- status=200 bytes_in=10 bytes_out=20 duration_us=1234 upstream_us=90 ttfb_us=99 retries=0\n"), "{t}");
         assert_eq!(t.as_bytes()[4], b'-');
         let mut j = Vec::new();
-        json_line(&mut j, &entry());
+        json_line(&mut j, &entry(), SECOND);
         let v: sonic_rs::Value = sonic_rs::from_slice(&j).unwrap();
         use sonic_rs::JsonValueTrait;
         assert_eq!(v["model"].as_str(), Some("m x"));
         assert_eq!(v["status"].as_u64(), Some(200));
         assert_eq!(v["ttfb_us"].as_u64(), Some(99));
         assert_eq!(v["priority"].as_str(), Some("interactive"));
+    }
+
+    #[test]
+    fn a_second_is_formatted_once_and_as_the_calendar_says() {
+        let log = AccessLog::new(None, false);
+        // 2026-12-04T10:59:07Z, and a leap day with one-digit fields.
+        assert_eq!(&log.stamp(1_796_381_947), b"2026-12-04T10:59:07");
+        assert_eq!(&log.stamp(1_709_168_645), b"2024-02-29T01:04:05");
+        assert_eq!(log.second.get().0, 1_709_168_645, "the last second is kept");
     }
 
     #[test]

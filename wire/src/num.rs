@@ -2,19 +2,10 @@
 //! `core::fmt` (a vtable call per piece, padding logic); a proxied request writes two or
 //! three numbers, and the profile of chat-1k showed fmt at ~0.9% of gateway CPU.
 
-/// Appends `n` in decimal.
-pub fn put_dec(out: &mut Vec<u8>, mut n: u64) {
-    let mut tmp = [0u8; 20];
-    let mut i = tmp.len();
-    loop {
-        i -= 1;
-        tmp[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&tmp[i..]);
+/// Appends `n` in decimal (itoa: two digits a step from a table; the access log writes about
+/// ten numbers a line, which a digit-at-a-time loop made a visible share of its cost).
+pub fn put_dec(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Appends `n` in lower-case hex, without leading zeros.
