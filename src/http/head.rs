@@ -126,9 +126,14 @@ pub fn is_forwarded_header(name: &[u8]) -> bool {
         || (name.len() > 13 && name[..13].eq_ignore_ascii_case(b"x-request-id-"))
 }
 
-/// Where `part`, a sub-slice of `buf`, sits in it.
+/// Where `part`, a sub-slice of `buf`, sits in it. An empty `part` that is not in `buf` (a
+/// parser's `""` for a missing piece) is the empty range at 0.
 pub(crate) fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
-    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    let start = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+    if start > buf.len() || part.len() > buf.len() - start {
+        debug_assert!(part.is_empty(), "offset of a slice outside its buffer");
+        return 0..0;
+    }
     start..start + part.len()
 }
 

@@ -82,7 +82,11 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
         Err(_) => return Err(BadResponse("malformed response head")),
     };
     let status = resp.code.unwrap_or(0);
-    let reason = offset(buf, resp.reason.unwrap_or("").as_bytes());
+    // A status line may end at its code (`HTTP/1.1 200` then the line end), and httparse
+    // then gives an empty reason that is not in `buf`: an empty range instead. (Measured
+    // from that `""`, the range pointed anywhere: AFL found it, and the relay would have
+    // panicked on every such answer.)
+    let reason = resp.reason.filter(|r| !r.is_empty()).map_or(0..0, |r| offset(buf, r.as_bytes()));
     let mut keep_alive = resp.version == Some(1);
     let mut chunked = false;
     let mut length: Option<u64> = None;
@@ -269,5 +273,13 @@ mod tests {
         let h = parse_response(rest).unwrap().unwrap();
         assert_eq!((h.status, h.body, &rest[h.len..]), (200, ResponseBody::Length { len: 5 }, &b"hello"[..]));
         assert_eq!(&rest[h.reason.clone()], b"OK");
+    }
+
+    #[test]
+    fn a_status_line_without_a_reason_has_an_empty_one() {
+        for raw in [&b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok"[..], b"HTTP/1.1 100\n\n"] {
+            let h = parse_response(raw).unwrap().unwrap();
+            assert!(h.reason.is_empty() && h.reason.end <= h.len, "{:?}", h.reason);
+        }
     }
 }

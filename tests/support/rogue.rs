@@ -45,6 +45,9 @@ pub enum Mode {
     EndlessStream,
     /// Answers with this status line (`HTTP/1.1 <code> <phrase>`; the phrase may be empty).
     Status(u16, &'static str),
+    /// Answers with a status line that ends at its code (`HTTP/1.1 <code>`, no space, no
+    /// phrase), which RFC 9112 §4 readers should accept.
+    BareStatus(u16),
     /// The POST body's `"fault"` field picks the misbehaviour of each answer, so one worker
     /// (and one pooled connection) can go through many of them in a row. See [`FAULTS`].
     PerRequest,
@@ -438,9 +441,14 @@ fn answer_post(
                 }
             }
         }
-        Mode::Status(code, phrase) => {
+        Mode::Status(..) | Mode::BareStatus(_) => {
+            let line = match mode {
+                Mode::Status(code, phrase) => format!("HTTP/1.1 {code} {phrase}"),
+                Mode::BareStatus(code) => format!("HTTP/1.1 {code}"),
+                _ => unreachable!(),
+            };
             let mut out = format!(
-                "HTTP/1.1 {code} {phrase}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n",
+                "{line}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n",
                 json.len()
             )
             .into_bytes();
