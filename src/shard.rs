@@ -254,8 +254,8 @@ impl Shard {
         }
     }
 
-    pub fn access_line(&self, e: &Entry<'_>) {
-        let dropped = self.access.write(e);
+    pub fn access_line(&self, e: &Entry<'_>, now: Instant) {
+        let dropped = self.access.write(e, now);
         self.count_dropped(dropped);
     }
 

@@ -248,23 +248,26 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
         });
     }
     let raw_path = head.and_then(|h| client.buf.get(h.path.clone())).unwrap_or(b"");
-    shard.access_line(&Entry {
-        request_id: &ctx.request_id,
-        tenant: ctx.tenant.as_ref().map(|t| t.as_str()).unwrap_or(""),
-        priority: ctx.class.map_or("", |c| c.as_str()),
-        method,
-        path: raw_path,
-        model: ctx.model.as_deref().unwrap_or(""),
-        worker: ctx.chosen.as_ref().map(|c| c.worker().url.url.as_str()).unwrap_or(""),
-        status: ctx.status,
-        error_code: ctx.error_code,
-        bytes_in: ctx.bytes_in,
-        bytes_out: ctx.bytes_out,
-        duration_us: now.saturating_duration_since(started).as_micros() as u64,
-        upstream_us: ctx.timings.upstream_head.map(|t| t.saturating_duration_since(started).as_micros() as u64),
-        ttfb_us: first_byte.map(|d| d.as_micros() as u64),
-        retries,
-    });
+    shard.access_line(
+        &Entry {
+            request_id: &ctx.request_id,
+            tenant: ctx.tenant.as_ref().map(|t| t.as_str()).unwrap_or(""),
+            priority: ctx.class.map_or("", |c| c.as_str()),
+            method,
+            path: raw_path,
+            model: ctx.model.as_deref().unwrap_or(""),
+            worker: ctx.chosen.as_ref().map(|c| c.worker().url.url.as_str()).unwrap_or(""),
+            status: ctx.status,
+            error_code: ctx.error_code,
+            bytes_in: ctx.bytes_in,
+            bytes_out: ctx.bytes_out,
+            duration_us: now.saturating_duration_since(started).as_micros() as u64,
+            upstream_us: ctx.timings.upstream_head.map(|t| t.saturating_duration_since(started).as_micros() as u64),
+            ttfb_us: first_byte.map(|d| d.as_micros() as u64),
+            retries,
+        },
+        now,
+    );
 }
 
 /// Reads and drops a short unread body so the connection can carry the next request.
