@@ -2,7 +2,7 @@
 """Import check of the workspace's Rust sources. Run from the repository root; exits 1 on a finding.
 
 What it checks, in every library crate of the workspace (the CRATES table: the gateway's src/,
-loadtest/src/, wire/src/, proto/src/, fuzz/targets/src/):
+loadtest/src/, wire/src/, proto/src/, parsers/src/, fuzz/targets/src/):
 
 1. File cycles: no source file imports (directly or through others) from a file that imports it
    back.
@@ -24,7 +24,7 @@ import re
 import sys
 
 # Library crates: the folder holding lib.rs.
-CRATES = ['src', 'loadtest/src', 'wire/src', 'proto/src', 'fuzz/targets/src']
+CRATES = ['src', 'loadtest/src', 'wire/src', 'proto/src', 'parsers/src', 'fuzz/targets/src']
 
 # Floors of the gateway: files under the key import nothing from the paths listed (log.rs aside).
 FLOORS = {

@@ -99,6 +99,16 @@ pub struct WorkerArgs {
     /// gRPC workers: the tokenizer, overriding --model-path's.
     #[arg(long)]
     pub tokenizer_path: Option<std::path::PathBuf>,
+    /// gRPC workers: the parser that splits the model's reasoning into `reasoning_content`
+    /// (qwen3, deepseek_r1, deepseek_v31, kimi, glm45, minimax, step3, …). Default: chosen by
+    /// the model's name.
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
+    /// gRPC workers: the parser that turns the model's tool-call markup into `tool_calls`
+    /// (qwen, qwen_coder, deepseek, deepseek31, kimik2, glm45_moe, llama, pythonic, mistral,
+    /// minimax_m2, step3, json). Default: chosen by the model's name.
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
 }
 
 fn at_least_one(flag: &str, v: u32) -> Result<u32, String> {
@@ -132,6 +142,13 @@ impl WorkerArgs {
         if !(usage > 0.0 && usage <= 1.0) {
             return Err("--worker-overload-token-usage: must be in (0, 1]".into());
         }
+        use crate::grpc::output::check_name;
+        if let Some(n) = &self.reasoning_parser {
+            check_name("--reasoning-parser", n, smg_parsers::reasoning::NAMES)?;
+        }
+        if let Some(n) = &self.tool_call_parser {
+            check_name("--tool-call-parser", n, smg_parsers::tools::NAMES)?;
+        }
         if !self.health_check_endpoint.starts_with('/') {
             return Err("--health-check-endpoint: must start with /".into());
         }
@@ -153,8 +170,10 @@ impl WorkerArgs {
             dp_aware: self.dp_aware,
             shards,
             own_listeners: Vec::new(),
-            tokenizer: crate::grpc::model::TokenizerSource {
+            tokenizer: crate::grpc::model::ModelSource {
                 path: self.tokenizer_path.clone().or_else(|| self.model_path.clone()),
+                reasoning_parser: self.reasoning_parser.clone(),
+                tool_parser: self.tool_call_parser.clone(),
             },
         })
     }

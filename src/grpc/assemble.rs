@@ -14,7 +14,8 @@
 use smg_proto::scheduler::{generate_response, GenerateResponse, OutputLogProbs};
 
 use super::logprobs::{self, Entry, Offset};
-use super::reply::{self, Choice, ChunkUsage, Delta, Meta, Usage};
+use super::output::OutputParser;
+use super::reply::{self, CallOut, Choice, ChunkUsage, Delta, Meta, Usage};
 use super::request::{Kind, Prepared};
 use super::stop::StopMatcher;
 use super::wire::{Code, Status};
@@ -23,35 +24,8 @@ use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 #[cfg(test)]
 mod tests;
 
-/// What a choice's output turns into. Today that is only `content`; reasoning
-/// (`reasoning_content`) and tool calls join it with the parsers that produce them.
-#[derive(Debug, Default)]
-pub(crate) struct Parsed {
-    pub(crate) content: String,
-}
-
-/// Where an output parser plugs in, one per choice: it sees the choice's decoded text as it is
-/// released (stop strings already cut, nothing held back by the detokenizer) and appends what
-/// that text is to `Parsed`. A parser may hold text back (half a `<think>` tag) and release it
-/// on a later call or at `finish`. Reasoning (`<think>` to `reasoning_content`) and tool-call
-/// parsers implement it; `PassThrough` is the one there is today.
-pub(crate) trait OutputParser {
-    /// Text the choice released. `out` was cleared by the caller.
-    fn push(&mut self, text: &str, out: &mut Parsed);
-    /// The choice finished: whatever is still held back. Called once, after the last `push`.
-    fn finish(&mut self, out: &mut Parsed);
-}
-
-/// Every byte of output is the message's content.
-pub(crate) struct PassThrough;
-
-impl OutputParser for PassThrough {
-    fn push(&mut self, text: &str, out: &mut Parsed) {
-        out.content.push_str(text);
-    }
-
-    fn finish(&mut self, _: &mut Parsed) {}
-}
+/// What a choice's output turns into: `content`, `reasoning_content` and tool calls.
+pub(crate) use smg_parsers::Parsed;
 
 /// What the caller does after a message.
 #[derive(Debug)]
@@ -83,6 +57,13 @@ struct ChoiceState<'a> {
     parser: Box<dyn OutputParser + 'a>,
     /// The whole text (a response that is not streamed).
     text: String,
+    /// The whole reasoning (not streamed), or a stream's reasoning held until it ends
+    /// (`stream_reasoning: false`).
+    reasoning_text: String,
+    /// The calls (not streamed).
+    calls: Vec<CallOut>,
+    /// Calls given out so far.
+    n_calls: usize,
     finish: Option<String>,
     completion: u64,
     reasoning: u64,
@@ -179,6 +160,8 @@ pub(crate) struct Assembler<'a> {
     text: String,
     piece: String,
     parsed: Parsed,
+    /// A release's calls, with their ids.
+    calls: Vec<CallOut>,
     /// A chunk's `logprobs` JSON.
     lp_json: Vec<u8>,
 }
@@ -205,6 +188,9 @@ impl<'a> Assembler<'a> {
                 stop: StopMatcher::new(&prep.stop, prep.no_stop_trim),
                 parser: parser(i),
                 text: String::new(),
+                reasoning_text: String::new(),
+                calls: Vec::new(),
+                n_calls: 0,
                 finish: None,
                 completion: 0,
                 reasoning: 0,
@@ -229,6 +215,7 @@ impl<'a> Assembler<'a> {
             text: String::new(),
             piece: String::new(),
             parsed: Parsed::default(),
+            calls: Vec::new(),
             lp_json: Vec::new(),
         }
     }
@@ -320,7 +307,8 @@ impl<'a> Assembler<'a> {
     /// an SSE chunk or its whole text.
     fn release(&mut self, i: usize) {
         let prep = self.prep;
-        self.parsed.content.clear();
+        self.parsed.clear();
+        self.calls.clear();
         {
             let st = &mut self.choices[i];
             if !self.text.is_empty() {
@@ -329,10 +317,26 @@ impl<'a> Assembler<'a> {
             if st.finish.is_some() {
                 st.parser.finish(&mut self.parsed);
             }
+            for call in self.parsed.calls.drain(..) {
+                if st.n_calls > 0 && !prep.output.parallel_calls {
+                    continue;
+                }
+                let k = st.n_calls;
+                st.n_calls += 1;
+                let id = prep.output.call_id(&call, k);
+                self.calls.push(CallOut { index: k as u32, id, name: call.name, arguments: call.arguments });
+            }
+            // A reply that called tools ends for that reason (a cut one still says `length`).
+            if st.n_calls > 0 && st.finish.as_deref() == Some("stop") {
+                st.finish = Some("tool_calls".into());
+            }
         }
         let content = &mut self.parsed.content;
         if !prep.stream {
-            self.choices[i].text.push_str(content);
+            let st = &mut self.choices[i];
+            st.text.push_str(content);
+            st.reasoning_text.push_str(&self.parsed.reasoning);
+            st.calls.append(&mut self.calls);
             return;
         }
         let last_finish = self.deepseek && self.choices.iter().all(|c| c.finish.is_some());
@@ -362,11 +366,23 @@ impl<'a> Assembler<'a> {
         if let (Some(s), Some(_)) = (&prep.suffix, &st.finish) {
             content.push_str(s);
         }
-        if !content.is_empty() || st.finish.is_some() {
+        // Reasoning as it comes, or (stream_reasoning: false) held until something else comes
+        // or the choice ends, then sent in one piece.
+        if !prep.output.stream_reasoning {
+            st.reasoning_text.push_str(&self.parsed.reasoning);
+            self.parsed.reasoning.clear();
+            if !content.is_empty() || !self.calls.is_empty() || st.finish.is_some() {
+                std::mem::swap(&mut self.parsed.reasoning, &mut st.reasoning_text);
+            }
+        }
+        let reasoning = &self.parsed.reasoning;
+        if !content.is_empty() || !reasoning.is_empty() || !self.calls.is_empty() || st.finish.is_some() {
             let lp = st.render_logprobs(prep, self.meta.kind, self.tok, &mut self.lp_json);
             let d = Delta {
                 role: false,
                 text: (!content.is_empty()).then_some(content.as_str()),
+                reasoning: (!reasoning.is_empty()).then_some(reasoning.as_str()),
+                calls: &self.calls,
                 finish: st.finish.as_deref(),
                 logprobs: lp.then_some(self.lp_json.as_slice()),
             };
@@ -420,6 +436,8 @@ impl<'a> Assembler<'a> {
             .map(|(i, (c, lp))| Choice {
                 index: i as u32,
                 text: &c.text,
+                reasoning: (!c.reasoning_text.is_empty()).then_some(c.reasoning_text.as_str()),
+                calls: &c.calls,
                 finish_reason: c.finish.as_deref().unwrap_or("stop"),
                 logprobs: lp.as_deref(),
             })

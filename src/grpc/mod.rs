@@ -9,13 +9,16 @@
 //! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages, with
 //!   `logprobs`' token log-probabilities;
 //! - `assemble`: a response's engine messages in, `reply`'s events or body out (no I/O),
-//!   with the per-choice `OutputParser` hook.
+//!   with a per-choice output parser;
+//! - `output`: the per-choice `OutputParser` hook, and which reasoning and tool-call parsers
+//!   (smg-parsers) a request's choices get.
 
 pub(crate) mod assemble;
 pub mod bundle;
 pub mod conn;
 pub mod logprobs;
 pub mod model;
+pub mod output;
 pub mod reply;
 pub mod request;
 pub mod stop;

@@ -8,11 +8,15 @@ use sonic_rs::JsonValueTrait;
 
 use crate::tokenizer::Tokenizer;
 
-/// Where the gateway's tokenizer for gRPC workers comes from when the operator says
-/// (`--tokenizer-path`, else `--model-path`); None: what each worker advertises.
+/// What the operator says about gRPC workers' models: where the tokenizer comes from
+/// (`--tokenizer-path`, else `--model-path`; None: what each worker advertises), and the
+/// output parsers (`--reasoning-parser`, `--tool-call-parser`, checked at start; None: from
+/// the model's name).
 #[derive(Debug, Clone, Default)]
-pub struct TokenizerSource {
+pub struct ModelSource {
     pub path: Option<std::path::PathBuf>,
+    pub reasoning_parser: Option<String>,
+    pub tool_parser: Option<String>,
 }
 
 #[derive(Debug)]
@@ -23,6 +27,8 @@ pub struct GrpcModel {
     pub eos_ids: Vec<u32>,
     pub supports_vision: bool,
     pub defaults: SamplingDefaults,
+    /// The reasoning and tool-call parsers of its output.
+    pub parsers: super::output::ModelParsers,
 }
 
 /// The model author's sampling defaults (generation_config.json, as the engine reports them):

@@ -32,10 +32,24 @@ impl Usage {
     }
 }
 
+/// A tool call as the answer carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallOut {
+    /// Its position among the choice's calls.
+    pub index: u32,
+    pub id: String,
+    pub name: String,
+    /// The arguments' JSON text.
+    pub arguments: String,
+}
+
 /// A finished choice.
 pub struct Choice<'a> {
     pub index: u32,
     pub text: &'a str,
+    /// `reasoning_content` (chat), when the model reasoned.
+    pub reasoning: Option<&'a str>,
+    pub calls: &'a [CallOut],
     pub finish_reason: &'a str,
     /// Its `logprobs` value as JSON (`null` when None).
     pub logprobs: Option<&'a [u8]>,
@@ -56,6 +70,8 @@ pub struct Delta<'a> {
     /// The assistant role (chat's first chunk of a choice).
     pub role: bool,
     pub text: Option<&'a str>,
+    pub reasoning: Option<&'a str>,
+    pub calls: &'a [CallOut],
     pub finish: Option<&'a str>,
     /// The `logprobs` value as JSON (`null` when None).
     pub logprobs: Option<&'a [u8]>,
@@ -92,6 +108,30 @@ fn put_usage(out: &mut Vec<u8>, u: &Usage) {
         out.push(b'}');
     }
     out.push(b'}');
+}
+
+/// `"tool_calls":[…]`; `index`: with each call's index (a stream's deltas).
+fn put_calls(out: &mut Vec<u8>, calls: &[CallOut], index: bool) {
+    out.extend_from_slice(b"\"tool_calls\":[");
+    for (i, c) in calls.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'{');
+        if index {
+            out.extend_from_slice(b"\"index\":");
+            put_dec(out, c.index as u64);
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"id\":");
+        put_str(out, &c.id);
+        out.extend_from_slice(b",\"type\":\"function\",\"function\":{\"name\":");
+        put_str(out, &c.name);
+        out.extend_from_slice(b",\"arguments\":");
+        put_str(out, &c.arguments);
+        out.extend_from_slice(b"}}");
+    }
+    out.push(b']');
 }
 
 fn put_head(out: &mut Vec<u8>, m: &Meta<'_>, chunk: bool) {
@@ -132,7 +172,20 @@ pub fn full(m: &Meta<'_>, choices: &[Choice<'_>], usage: &Usage) -> Vec<u8> {
         match m.kind {
             Kind::Chat => {
                 out.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
-                put_str(&mut out, c.text);
+                // A reply that is only calls has no content (OpenAI's null).
+                if c.text.is_empty() && !c.calls.is_empty() {
+                    out.extend_from_slice(b"null");
+                } else {
+                    put_str(&mut out, c.text);
+                }
+                if let Some(r) = c.reasoning {
+                    out.extend_from_slice(b",\"reasoning_content\":");
+                    put_str(&mut out, r);
+                }
+                if !c.calls.is_empty() {
+                    out.push(b',');
+                    put_calls(&mut out, c.calls, false);
+                }
                 out.push(b'}');
             }
             Kind::Completions => {
@@ -169,6 +222,21 @@ pub fn chunk(out: &mut Vec<u8>, m: &Meta<'_>, index: u32, d: &Delta<'_>, usage: 
                 }
                 out.extend_from_slice(b"\"content\":");
                 put_str(out, t);
+                first = false;
+            }
+            if let Some(r) = d.reasoning {
+                if !first {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"\"reasoning_content\":");
+                put_str(out, r);
+                first = false;
+            }
+            if !d.calls.is_empty() {
+                if !first {
+                    out.push(b',');
+                }
+                put_calls(out, d.calls, true);
             }
             out.push(b'}');
         }
@@ -226,7 +294,18 @@ mod tests {
     fn bodies_are_openai_json() {
         let m = Meta { kind: Kind::Chat, id: "chatcmpl-1", created: 7, model: "m" };
         let u = Usage { prompt: 3, completion: 2, cached: 1, ..Usage::default() };
-        let body = full(&m, &[Choice { index: 0, text: "hi \"x\"", finish_reason: "stop", logprobs: None }], &u);
+        let body = full(
+            &m,
+            &[Choice {
+                index: 0,
+                text: "hi \"x\"",
+                reasoning: None,
+                calls: &[],
+                finish_reason: "stop",
+                logprobs: None,
+            }],
+            &u,
+        );
         let v: sonic_rs::Value = sonic_rs::from_slice(&body).unwrap();
         use sonic_rs::{JsonContainerTrait, JsonValueTrait};
         assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some("hi \"x\""));

@@ -9,6 +9,7 @@ use smg_proto::scheduler::{sampling_params::Constraint, SamplingParams};
 use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 
 use super::model::GrpcModel;
+use super::output::OutputPlan;
 use crate::tokenizer::{TemplateInput, ThinkingAsk};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub struct Prepared {
     pub echo: Vec<String>,
     /// Completions `suffix`: put after each choice's text.
     pub suffix: Option<String>,
+    /// The choices' reasoning and tool-call parsing.
+    pub output: OutputPlan,
 }
 
 /// Why a request cannot go to the engine as it is: its status, the contract's error code and
@@ -68,13 +71,17 @@ fn bad(code: &'static str, message: impl Into<String>) -> Refusal {
 /// Builds the engine requests' contents for `body` on a worker serving `model`.
 pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, Refusal> {
     let tok = &model.tokenizer;
-    let (prompts, reasoning) = match kind {
+    let (prompts, reasoning, output) = match kind {
         Kind::Chat => {
             check_output_modalities(body)?;
             let (text, thinks) = render_chat(body, model)?;
-            (vec![tok.encode(&text, false).map_err(|e| Refusal::internal("tokenization_failed", e))?], thinks)
+            let ids = tok.encode(&text, false).map_err(|e| Refusal::internal("tokenization_failed", e))?;
+            // MiniMax's answers are scanned for calls even when the request offers no tools
+            // (the contract's profile rule).
+            let scan = model.parsers.tools == Some("minimax_m2");
+            (vec![ids], thinks, OutputPlan::of_chat(body, model.parsers, thinks, scan))
         }
-        Kind::Completions => (completion_prompts(body, model)?, false),
+        Kind::Completions => (completion_prompts(body, model)?, false, OutputPlan::default()),
     };
     if let Some(window) = model.max_context {
         if let Some(longest) = prompts.iter().map(Vec::len).max().filter(|&l| l > window as usize) {
@@ -125,6 +132,7 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
         reasoning,
         stop,
         params,
+        output,
     })
 }
 
@@ -318,11 +326,16 @@ fn constraint(kind: Kind, body: &Value) -> Result<Option<Constraint>, Refusal> {
         s("regex").map(Constraint::Regex),
         s("ebnf").map(Constraint::EbnfGrammar),
         if kind == Kind::Completions { s("json_schema").map(Constraint::JsonSchema) } else { None },
+        // A tool_choice that forces a call (chat).
+        if kind == Kind::Chat { super::output::tool_constraint(body).map(Constraint::JsonSchema) } else { None },
     ];
     let mut set = all.into_iter().flatten();
     let first = set.next();
     if set.next().is_some() {
-        return Err(bad("400", "Only one of regex, ebnf and a JSON response_format may be set"));
+        return Err(bad(
+            "400",
+            "Only one of regex, ebnf, a JSON response_format and a tool_choice that forces a call may be set",
+        ));
     }
     Ok(first)
 }

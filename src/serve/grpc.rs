@@ -28,9 +28,10 @@ use super::finish::{announce_close, Outcome};
 use super::upstream::AttemptError;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract::Endpoint;
-use crate::grpc::assemble::{Answer, Assembler, PassThrough, Step};
+use crate::grpc::assemble::{Answer, Assembler, Step};
 use crate::grpc::conn::{self, Call, Limits};
 use crate::grpc::model::GrpcModel;
+use crate::grpc::output::PassThrough;
 use crate::grpc::reply::Meta;
 use crate::grpc::request::{self, Kind, Prepared};
 use crate::grpc::wire::{self, Code, Status};
@@ -282,7 +283,15 @@ async fn respond(
     let model_name = ctx.model.clone().unwrap_or_default();
     let meta = Meta { kind, id, created, model: &model_name };
     let deepseek = matches!(ctx.profile, crate::contract::Profile::DeepSeek { .. });
-    let mut asm = Assembler::new(prep, &model.tokenizer, meta, deepseek, |_| Box::new(PassThrough));
+    // Text passes as it is unless the model has a parser this request uses.
+    let plan = &prep.output;
+    let mut asm = Assembler::new(prep, &model.tokenizer, meta, deepseek, |_| {
+        if plan.parses() {
+            plan.parser()
+        } else {
+            Box::new(PassThrough)
+        }
+    });
     let date = shard.date();
     let stamp = Stamp { request_id: &ctx.request_id, date: &date, close: false, http10: ctx.http10 };
     let mut out = Assembled::new(prep.stream, announce_close(ctx, Some(head)), &target.url, stamp);

@@ -243,7 +243,7 @@ async fn check_worker(url: &WorkerUrl, endpoint: &str, check: bool, discover: bo
 /// tokenizer) until it has succeeded once.
 async fn check_grpc_worker(
     url: &WorkerUrl,
-    source: &crate::grpc::model::TokenizerSource,
+    source: &crate::grpc::model::ModelSource,
     check: bool,
     discover: bool,
     timeout: Duration,

@@ -34,7 +34,7 @@ pub struct FleetConfig {
     pub dp_aware: bool,
     pub shards: usize,
     /// gRPC workers' tokenizer, when the operator names one (`--tokenizer-path`/`--model-path`).
-    pub tokenizer: crate::grpc::model::TokenizerSource,
+    pub tokenizer: crate::grpc::model::ModelSource,
     /// The gateway's own listeners (serving, metrics): no worker may be one of them.
     pub own_listeners: Vec<SocketAddr>,
 }

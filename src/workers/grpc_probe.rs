@@ -27,7 +27,8 @@ use tokio::net::TcpStream;
 use super::fleet::Discovery;
 use super::snapshot::Runtime;
 use super::WorkerUrl;
-use crate::grpc::model::{GrpcModel, SamplingDefaults, TokenizerSource};
+use crate::grpc::model::{GrpcModel, ModelSource, SamplingDefaults};
+use crate::grpc::output::ModelParsers;
 use crate::grpc::wire::{self, Code, Deframer, Status};
 use crate::routing::EngineLoad;
 use crate::tokenizer::Tokenizer;
@@ -222,7 +223,7 @@ pub async fn load_details(url: &WorkerUrl, timeout: Duration) -> Option<(Option<
 /// advertised tokenizer_path when it is a local directory, else the engine's GetTokenizer
 /// bundle. None until all of it succeeded: the worker is not routable before its tokenizer
 /// is loaded.
-pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &TokenizerSource) -> Option<Discovery> {
+pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &ModelSource) -> Option<Discovery> {
     let found = within(timeout, async {
         let mut send = connect(url).await?;
         let info: GetModelInfoResponse = unary(&mut send, url, path::GET_MODEL_INFO, &GetModelInfoRequest {}).await?;
@@ -275,8 +276,22 @@ pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &TokenizerSour
         eos_ids: info.eos_token_ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect(),
         supports_vision: info.supports_vision,
         defaults: SamplingDefaults::parse(&defaults_json),
+        parsers: parsers_of(source, &[&info.served_model_name, &info.model_path]),
     };
     Some(Discovery { model, runtime: Runtime::Sglang, dp_size, max_running, grpc: Some(Arc::new(grpc)) })
+}
+
+/// The model's output parsers: the operator's, else those of the first of its names (served
+/// name, then path) that belongs to a known family.
+fn parsers_of(source: &ModelSource, names: &[&String]) -> ModelParsers {
+    let (r, t) = (source.reasoning_parser.as_deref(), source.tool_parser.as_deref());
+    let mut chosen = ModelParsers::choose(r, t, "");
+    for name in names.iter().filter(|n| !n.is_empty()) {
+        let by_name = ModelParsers::choose(r, t, name);
+        chosen.reasoning = chosen.reasoning.or(by_name.reasoning);
+        chosen.tools = chosen.tools.or(by_name.tools);
+    }
+    chosen
 }
 
 /// Tokenizers by where they came from, so the workers of one model share one (and a
@@ -288,7 +303,7 @@ fn loaded() -> &'static Mutex<HashMap<String, Weak<Tokenizer>>> {
 
 async fn tokenizer(
     info: &GetModelInfoResponse,
-    source: &TokenizerSource,
+    source: &ModelSource,
     bundle: Option<Vec<GetTokenizerChunk>>,
 ) -> Result<Arc<Tokenizer>, String> {
     let (key, job): (String, Box<dyn FnOnce() -> Result<Tokenizer, String> + Send>) = match (&source.path, bundle) {

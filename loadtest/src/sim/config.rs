@@ -170,6 +170,16 @@ pub struct SimArgs {
     /// --advertise-tokenizer-path naming that model's tokenizer.
     #[arg(long, requires = "grpc")]
     pub llama_url: Option<String>,
+    /// With --grpc: every answer opens with a think block in this reasoning family's markup
+    /// (qwen3, deepseek_r1, kimi, glm45, minimax, step3, …), so the gateway's reasoning parser
+    /// has work: sweeps and tests of `reasoning_content`.
+    #[arg(long, requires = "grpc")]
+    pub reasoning_markup: Option<String>,
+    /// With --grpc: every answer ends with a call of `get_weather` (one `city` argument) in
+    /// this tool-call family's markup (qwen, kimik2, glm45_moe, pythonic, …). Requests that
+    /// offer a `get_weather` tool get it back as `tool_calls` from a gateway with that parser.
+    #[arg(long, requires = "grpc")]
+    pub tool_call_markup: Option<String>,
 }
 
 /// The --grpc mode of a worker.
@@ -181,6 +191,8 @@ pub struct GrpcSpec {
     pub advertised_path: String,
     /// `--llama-url`: Generate goes to this llama.cpp server.
     pub llama: Option<std::net::SocketAddr>,
+    /// `--reasoning-markup` / `--tool-call-markup`: the families answers are written in.
+    pub markup: (Option<String>, Option<String>),
 }
 
 /// Timing knobs of one worker; `Copy` so the control endpoint can swap them in a `Cell`.

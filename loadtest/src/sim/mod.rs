@@ -45,9 +45,11 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         let advertised_path =
             args.advertise_tokenizer_path.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());
         let llama = args.llama_url.as_deref().map(grpc::llama::parse_url).transpose()?;
+        let markup = (args.reasoning_markup.clone(), args.tool_call_markup.clone());
+        grpc::markup::check(&markup)?;
         for s in &mut specs {
             let (tokenizer_dir, advertised_path) = (dir.clone(), advertised_path.clone());
-            s.grpc = Some(config::GrpcSpec { tokenizer_dir, advertised_path, llama });
+            s.grpc = Some(config::GrpcSpec { tokenizer_dir, advertised_path, llama, markup: markup.clone() });
         }
     }
     let threads = args.threads.clamp(1, specs.len());

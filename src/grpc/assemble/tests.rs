@@ -10,6 +10,7 @@ use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
 use super::*;
 use crate::grpc::model::GrpcModel;
+use crate::grpc::output::PassThrough;
 use crate::grpc::request;
 
 fn model() -> &'static GrpcModel {
@@ -23,6 +24,7 @@ fn model() -> &'static GrpcModel {
             eos_ids: vec![sim::IM_END_ID],
             supports_vision: false,
             defaults: Default::default(),
+            parsers: Default::default(),
         }
     })
 }
@@ -595,4 +597,88 @@ fn each_choice_has_its_own_output_parser() {
     let r =
         run_with(Kind::Chat, &prep, false, vec![(0, complete(0, &t, 2, "stop"))], |_| Box::new(Bracket(String::new())));
     assert_eq!(r.body_text(0), "[hello world]");
+}
+
+/// Its first word is reasoning, the rest (from the space on) content; at the end, `calls`
+/// calls `f0`, `f1`, ….
+struct Thinker {
+    answering: bool,
+    calls: usize,
+}
+
+impl OutputParser for Thinker {
+    fn push(&mut self, text: &str, out: &mut Parsed) {
+        let split = if self.answering { 0 } else { text.find(' ').unwrap_or(text.len()) };
+        out.reasoning.push_str(&text[..split]);
+        out.content.push_str(&text[split..]);
+        self.answering |= split < text.len();
+    }
+
+    fn finish(&mut self, out: &mut Parsed) {
+        for k in 0..self.calls {
+            out.calls.push(smg_parsers::Call { name: format!("f{k}"), arguments: r#"{"a":"é"}"#.into() });
+        }
+    }
+}
+
+fn thinker(calls: usize) -> impl FnMut(usize) -> Box<dyn OutputParser> {
+    move |_| Box::new(Thinker { answering: false, calls })
+}
+
+#[test]
+fn reasoning_and_calls_stream_as_their_own_fields() {
+    let t = words("the river");
+    let body = r#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+    let r =
+        run_with(Kind::Chat, &prepare(Kind::Chat, body), false, on(0, streamed(0, &t, &[1, 1], "stop")), thinker(2));
+    let deltas: Vec<&Value> = r.choice(0).map(|c| &c["delta"]).collect();
+    let reasoning: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+    assert_eq!((reasoning.as_str(), r.text(0).as_str()), ("the", " river"));
+    let calls: Vec<&Value> = deltas.iter().filter_map(|d| d["tool_calls"].as_array()).flat_map(|a| a.iter()).collect();
+    assert_eq!(calls.len(), 2);
+    for (k, c) in calls.iter().enumerate() {
+        assert_eq!(c["index"].as_u64(), Some(k as u64));
+        assert!(c["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(c["type"].as_str(), Some("function"));
+        assert_eq!(c["function"]["name"].as_str(), Some(format!("f{k}").as_str()));
+        assert_eq!(c["function"]["arguments"].as_str(), Some(r#"{"a":"é"}"#));
+    }
+    assert_ne!(calls[0]["id"].as_str(), calls[1]["id"].as_str());
+    assert_eq!(r.finish(0), ["tool_calls"], "once, on the last chunk");
+
+    // parallel_tool_calls: false keeps the first; stream_reasoning: false holds the reasoning
+    // until the content comes, then sends it in the same delta.
+    let body = r#"{"messages":[{"role":"user","content":"hi"}],"stream":true,"parallel_tool_calls":false,"stream_reasoning":false}"#;
+    let r =
+        run_with(Kind::Chat, &prepare(Kind::Chat, body), false, on(0, streamed(0, &t, &[1, 1], "stop")), thinker(2));
+    let both: Vec<&Value> = r.choice(0).map(|c| &c["delta"]).filter(|d| d.get("reasoning_content").is_some()).collect();
+    assert_eq!(both.len(), 1);
+    assert_eq!((both[0]["reasoning_content"].as_str(), both[0]["content"].as_str()), (Some("the"), Some(" river")));
+    let n: usize = r.choice(0).filter_map(|c| c["delta"]["tool_calls"].as_array()).map(|a| a.len()).sum();
+    assert_eq!(n, 1);
+
+    // A cut reply keeps `length`.
+    let r =
+        run_with(Kind::Chat, &prepare(Kind::Chat, body), false, on(0, streamed(0, &t, &[1, 1], "length")), thinker(1));
+    assert_eq!(r.finish(0), ["length"]);
+}
+
+#[test]
+fn reasoning_and_calls_in_the_whole_body() {
+    let t = words("the river");
+    let prep = prepare(Kind::Chat, r#"{"messages":[{"role":"user","content":"hi"}]}"#);
+    let r = run_with(Kind::Chat, &prep, false, vec![(0, complete(0, &t, 2, "stop"))], thinker(1));
+    let body = r.body.unwrap();
+    let m = &body["choices"][0]["message"];
+    assert_eq!(m["reasoning_content"].as_str(), Some("the"));
+    assert_eq!(m["content"].as_str(), Some(" river"));
+    let c = &m["tool_calls"][0];
+    assert!(c.get("index").is_none(), "a whole body's calls carry no index");
+    assert_eq!((c["function"]["name"].as_str(), c["type"].as_str()), (Some("f0"), Some("function")));
+    assert_eq!(body["choices"][0]["finish_reason"].as_str(), Some("tool_calls"));
+
+    // Only calls: content is null.
+    let one = words("the");
+    let r = run_with(Kind::Chat, &prep, false, vec![(0, complete(0, &one, 1, "stop"))], thinker(1));
+    assert!(r.body.unwrap()["choices"][0]["message"]["content"].is_null());
 }

@@ -26,7 +26,9 @@
 //! `custom_params.sim_output` (a string) replaces the words with that text's bytes, one byte
 //! token each, then the stop token: gateway tests get multi-byte characters and stop strings
 //! split across tokens on purpose; `custom_params.sim_echo_prompt: true` answers with the
-//! prompt's own token ids (tests read back what the gateway rendered).
+//! prompt's own token ids (tests read back what the gateway rendered). Without either,
+//! `--reasoning-markup` / `--tool-call-markup` write the answer in a model family's markup
+//! (`markup`).
 
 use std::rc::Rc;
 
@@ -40,10 +42,10 @@ use smg_proto::scheduler::{
 };
 
 use crate::sim::faults::{self, Fault};
-use crate::sim::grpc::llama;
 use crate::sim::grpc::stream::{gone, response, End};
 use crate::sim::grpc::tokenizer::{self, CONTEXT_LENGTH};
 use crate::sim::grpc::wire::{self, reject, Code, Status};
+use crate::sim::grpc::{llama, markup};
 use crate::sim::render::put_json_str;
 use crate::sim::timing;
 use crate::sim::worker::{bump, Worker};
@@ -156,7 +158,9 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         Fault::None => {}
     }
     let t = w.timing.get();
-    let forced = requested_output(&sp).or_else(|| echo_prompt(&sp).then(|| ids.to_vec()));
+    let forced = requested_output(&sp)
+        .or_else(|| echo_prompt(&sp).then(|| ids.to_vec()))
+        .or_else(|| w.grpc.as_ref().and_then(|g| markup::answer(&g.markup, &req.request_id)));
     let stop_id = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
     let (length, natural_stop) = match (&forced, sp.max_new_tokens) {
         (Some(f), Some(m)) if m as usize <= f.len() => (m, None),
@@ -497,8 +501,18 @@ fn describe(req: &GenerateRequest) -> String {
         None => "null",
     };
     let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
+    // The constraint's own text, so gateway tests read what the engine was told to hold.
+    let constraint_text = match &sp.constraint {
+        Some(
+            smg_proto::scheduler::sampling_params::Constraint::Regex(t)
+            | smg_proto::scheduler::sampling_params::Constraint::JsonSchema(t)
+            | smg_proto::scheduler::sampling_params::Constraint::EbnfGrammar(t)
+            | smg_proto::scheduler::sampling_params::Constraint::StructuralTag(t),
+        ) => q(t),
+        None => "null".into(),
+    };
     format!(
-        "{{\"request_id\":{},\"input_tokens\":{ids},\"stream\":{},\"n\":{},\"max_new_tokens\":{},\"temperature\":{},\"top_p\":{},\"top_k\":{},\"min_p\":{},\"frequency_penalty\":{},\"presence_penalty\":{},\"repetition_penalty\":{},\"stop\":[{}],\"stop_token_ids\":[{}],\"skip_special_tokens\":{},\"spaces_between_special_tokens\":{},\"ignore_eos\":{},\"no_stop_trim\":{},\"min_new_tokens\":{},\"constraint\":{constraint},\"return_logprob\":{},\"top_logprobs_num\":{},\"data_parallel_rank\":{},\"require_reasoning\":{}}}",
+        "{{\"request_id\":{},\"input_tokens\":{ids},\"stream\":{},\"n\":{},\"max_new_tokens\":{},\"temperature\":{},\"top_p\":{},\"top_k\":{},\"min_p\":{},\"frequency_penalty\":{},\"presence_penalty\":{},\"repetition_penalty\":{},\"stop\":[{}],\"stop_token_ids\":[{}],\"skip_special_tokens\":{},\"spaces_between_special_tokens\":{},\"ignore_eos\":{},\"no_stop_trim\":{},\"min_new_tokens\":{},\"constraint\":{constraint},\"constraint_text\":{constraint_text},\"return_logprob\":{},\"top_logprobs_num\":{},\"data_parallel_rank\":{},\"require_reasoning\":{}}}",
         q(&req.request_id),
         req.stream,
         sp.n,

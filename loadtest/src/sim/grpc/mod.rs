@@ -11,12 +11,14 @@
 //! - `info`: the unary RPCs; `bundle`: GetTokenizer's zip;
 //! - `wire`: gRPC message framing and statuses; `rewind`: replay of the sniffed bytes;
 //! - `tokenizer`: the simulated model's tokenizer files and context window;
-//! - `llama`: `--llama-url`, Generate served by a real model on a llama.cpp server.
+//! - `llama`: `--llama-url`, Generate served by a real model on a llama.cpp server;
+//! - `markup`: answers in a model family's reasoning and tool-call markup.
 
 pub mod bundle;
 pub mod generate;
 pub mod info;
 pub mod llama;
+pub mod markup;
 pub mod rewind;
 pub mod server;
 pub mod stream;

@@ -1,0 +1,96 @@
+//! A model's output, as decoded text pieces, turned into what the OpenAI answer carries:
+//! `content`, `reasoning_content` and `tool_calls`. Pure and incremental: a parser takes each
+//! piece as the gateway releases it (a piece may end anywhere, inside a marker or a UTF-8
+//! character's worth of text is never split: pieces are `&str`) and appends what that text
+//! turned out to be to a [`Parsed`]. A parser holds back only what it cannot yet decide (half
+//! a marker, an unfinished call) and gives it back at [`finish`](ToolParser::finish).
+//!
+//! Two kinds, composed by the caller: a [`ReasoningParser`] splits reasoning from the rest,
+//! and the rest goes through a [`ToolParser`], which splits tool calls from content.
+//!
+//! The markup each family's model writes is a fact of that model (its chat template and
+//! training): the parsers match it exactly.
+
+#![deny(unsafe_code)]
+
+pub mod markup;
+pub mod reasoning;
+pub mod tools;
+
+#[cfg(test)]
+pub(crate) mod testing;
+
+/// What released text turned out to be. The caller clears it between pieces.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    /// The message's text (`content`).
+    pub content: String,
+    /// The model's reasoning (`reasoning_content`), without its markers.
+    pub reasoning: String,
+    /// Tool calls completed by this piece, in the order the model wrote them.
+    pub calls: Vec<Call>,
+}
+
+impl Parsed {
+    pub fn clear(&mut self) {
+        self.content.clear();
+        self.reasoning.clear();
+        self.calls.clear();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.content.is_empty() && self.reasoning.is_empty() && self.calls.is_empty()
+    }
+}
+
+/// One tool call, whole: a call is given out only once its markup closed and its arguments
+/// are valid JSON, so nothing malformed ever reaches a client as a call (markup that is not a
+/// valid call comes back as content).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The function's name: one the request's tools declare.
+    pub name: String,
+    /// The arguments: a JSON object, as text.
+    pub arguments: String,
+}
+
+/// Splits a model's reasoning from the rest of its output.
+pub trait ReasoningParser: Send {
+    /// Text the model released: reasoning goes to `out.reasoning`, the rest to `out.content`.
+    fn push(&mut self, text: &str, out: &mut Parsed);
+    /// The output ended: whatever is held back.
+    fn finish(&mut self, out: &mut Parsed);
+}
+
+/// Splits a model's tool calls from its text.
+pub trait ToolParser: Send {
+    /// Text the model released (after reasoning was taken out): calls go to `out.calls`, text
+    /// to `out.content`.
+    fn push(&mut self, text: &str, out: &mut Parsed);
+    /// The output ended: an unfinished call's markup comes back as content.
+    fn finish(&mut self, out: &mut Parsed);
+}
+
+/// A function the request offers (`tools[i].function`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tool {
+    pub name: String,
+    /// Its parameters' JSON Schema `type` by name (`"string"`, `"integer"`, `"number"`,
+    /// `"boolean"`, `"object"`, `"array"`), for markup whose values are bare text (Qwen3-Coder,
+    /// GLM-4.5, MiniMax-M2, Step-3): a value whose parameter is not a string is read as JSON.
+    pub params: Vec<(String, String)>,
+}
+
+/// The request's functions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tools(pub Vec<Tool>);
+
+impl Tools {
+    pub fn get(&self, name: &str) -> Option<&Tool> {
+        self.0.iter().find(|t| t.name == name)
+    }
+
+    pub fn declares(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+}
