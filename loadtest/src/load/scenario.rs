@@ -43,6 +43,9 @@ pub struct Scenario {
     pub variants: usize,
     /// "model_first" (Python SDK order) or "messages_first" (Node SDK keeps caller order).
     pub key_order: String,
+    /// Chat requests offer the `get_weather` tool that `smg-sim --tool-call-markup` calls, so
+    /// a gateway's tool-call parser has work.
+    pub tools: bool,
 }
 
 impl Default for Scenario {
@@ -65,6 +68,7 @@ impl Default for Scenario {
             sessions: 1,
             variants: 64,
             key_order: "model_first".into(),
+            tools: false,
         }
     }
 }
@@ -207,6 +211,11 @@ impl Scenario {
             params.extend_from_slice(b",\"max_tokens\":");
             crate::wire::put_u64(&mut params, self.max_tokens);
         }
+        if self.tools && self.api == "chat" {
+            params.extend_from_slice(b",\"tools\":[");
+            params.extend_from_slice(crate::sim::grpc::markup::WEATHER_TOOL.as_bytes());
+            params.push(b']');
+        }
         if self.stream {
             params.extend_from_slice(b",\"stream\":true");
             if self.include_usage && self.api != "generate" {
@@ -303,6 +312,17 @@ mod tests {
         let t0_msgs = &t0[..t0.find("}]").unwrap()];
         assert!(strip(&bodies[2]).starts_with(t0_msgs));
         assert!(bodies[0].starts_with(b"{\"messages\":"));
+    }
+
+    #[test]
+    fn a_tools_scenario_offers_the_tool_the_simulator_calls() {
+        let s = Scenario::load("sse-tools").unwrap();
+        let body = &s.bodies()[0];
+        let v: sonic_rs::Value = sonic_rs::from_slice(body).unwrap();
+        assert_eq!(v["tools"][0]["function"]["name"].as_str(), Some("get_weather"));
+        assert_eq!(v["stream"].as_bool(), Some(true));
+        let plain = Scenario { variants: 1, ..Scenario::default() };
+        assert!(plain.bodies()[0].windows(8).all(|w| w != b"\"tools\":"));
     }
 
     #[test]

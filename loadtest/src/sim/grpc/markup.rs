@@ -11,6 +11,9 @@ use super::tokenizer;
 
 const CITIES: &[&str] = &["Paris", "東京", "São Paulo", "Zürich", "New York"];
 
+/// The tool the answers call, as a request offers it (smg-load's scenarios with `tools`).
+pub const WEATHER_TOOL: &str = r#"{"type":"function","function":{"name":"get_weather","description":"The weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}"#;
+
 /// Refuses families `smg_parsers::markup` cannot write, naming those it can.
 pub fn check(families: &(Option<String>, Option<String>)) -> Result<(), String> {
     if let Some(r) = &families.0 {
