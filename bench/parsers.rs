@@ -29,7 +29,7 @@ fn pieces(text: &str) -> Vec<&str> {
 }
 
 fn tools() -> Tools {
-    Tools(vec![Tool {
+    Tools::new(vec![Tool {
         name: "get_weather".into(),
         params: vec![("city".into(), "string".into()), ("days".into(), "integer".into())],
     }])

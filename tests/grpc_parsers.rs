@@ -252,6 +252,20 @@ fn flags_choose_the_parsers_and_unknown_names_stop_the_start() {
 }
 
 #[test]
+fn minimax_answers_are_scanned_for_calls_without_tools() {
+    both_drivers(|legacy| {
+        let minimax = sim_for("MiniMaxAI/MiniMax-M2", Some("minimax"), "minimax_m2");
+        let gw = gateway(legacy, &[&minimax], &[]);
+        for stream in [false, true] {
+            let body = chat("MiniMaxAI/MiniMax-M2", &format!(r#","stream":{stream}"#));
+            let s = said(&post(gw.port, "/v1/chat/completions", &body, &[]), stream);
+            weather_call(&s, "minimax without tools");
+            assert_eq!(s.finish, ["tool_calls"]);
+        }
+    });
+}
+
+#[test]
 fn kimi_call_ids_count_the_calls_already_in_the_conversation() {
     both_drivers(|legacy| {
         let kimi = sim_for("moonshotai/Kimi-K2-Instruct", Some("kimi"), "kimik2");

@@ -81,16 +81,39 @@ pub struct Tool {
     pub params: Vec<(String, String)>,
 }
 
-/// The request's functions.
+/// The request's functions: the calls a parser may give out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tools(pub Vec<Tool>);
+pub struct Tools {
+    list: Vec<Tool>,
+    /// Calls of any name are read, their values typed as JSON where they parse (MiniMax's
+    /// profile scans answers for calls even when the request offers no tools).
+    any: bool,
+}
 
 impl Tools {
-    pub fn get(&self, name: &str) -> Option<&Tool> {
-        self.0.iter().find(|t| t.name == name)
+    pub fn new(list: Vec<Tool>) -> Self {
+        Tools { list, any: false }
+    }
+
+    /// Every name is declared, with no parameter types.
+    pub fn any() -> Self {
+        Tools { list: Vec::new(), any: true }
+    }
+
+    pub fn list(&self) -> &[Tool] {
+        &self.list
+    }
+
+    /// The function called `name`, if the request offers it (or any name is read).
+    pub fn get(&self, name: &str) -> Option<std::borrow::Cow<'_, Tool>> {
+        match self.list.iter().find(|t| t.name == name) {
+            Some(t) => Some(std::borrow::Cow::Borrowed(t)),
+            None if self.any => Some(std::borrow::Cow::Owned(Tool { name: name.to_string(), params: Vec::new() })),
+            None => None,
+        }
     }
 
     pub fn declares(&self, name: &str) -> bool {
-        self.get(name).is_some()
+        self.any || self.list.iter().any(|t| t.name == name)
     }
 }

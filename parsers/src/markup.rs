@@ -96,7 +96,7 @@ mod tests {
     use crate::{Call, Tool, Tools};
 
     fn tools() -> Tools {
-        Tools(vec![Tool { name: "get_weather".into(), params: vec![("city".into(), "string".into())] }])
+        Tools::new(vec![Tool { name: "get_weather".into(), params: vec![("city".into(), "string".into())] }])
     }
 
     #[test]

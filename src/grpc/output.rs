@@ -120,7 +120,7 @@ impl OutputPlan {
             (Forced::Named(name), ..) => Some(ToolPlan::Named(name)),
             (Forced::Required(_), _, Some(list)) => Some(ToolPlan::Family("json", tools_of(list))),
             (Forced::Auto, Some(name), Some(list)) => Some(ToolPlan::Family(name, tools_of(list))),
-            (Forced::Auto, Some(name), None) if scan_without_tools => Some(ToolPlan::Family(name, Tools::default())),
+            (Forced::Auto, Some(name), None) if scan_without_tools => Some(ToolPlan::Family(name, Tools::any())),
             _ => None,
         };
         let kimi = matches!(&tools, Some(ToolPlan::Family("kimik2", _)));
@@ -322,7 +322,7 @@ fn tools_of(list: &sonic_rs::Array) -> Tools {
             Some(Tool { name, params })
         })
         .collect();
-    Tools(tools)
+    Tools::new(tools)
 }
 
 /// Tool calls the assistant already made in the conversation.
@@ -410,7 +410,7 @@ mod tests {
         assert_eq!(plan.reasoning, Some(("qwen3", true)));
         let Some(ToolPlan::Family(name, t)) = plan.tools.clone() else { panic!("{plan:?}") };
         assert_eq!(name, "qwen");
-        assert_eq!(t.0, vec![Tool { name: "f".into(), params: vec![("a".into(), "integer".into())] }]);
+        assert_eq!(t.list(), &[Tool { name: "f".into(), params: vec![("a".into(), "integer".into())] }]);
         assert!(plan.stream_reasoning && plan.parallel_calls && plan.kimi_ids_from.is_none());
 
         let off = OutputPlan::of_chat(
@@ -423,7 +423,18 @@ mod tests {
         );
         assert!(off.reasoning.is_none() && off.tools.is_none() && !off.parallel_calls && !off.stream_reasoning);
         assert!(OutputPlan::of_chat(&body("{}"), p, false, false).tools.is_none(), "no tools offered");
-        assert!(OutputPlan::of_chat(&body("{}"), p, false, true).tools.is_some(), "MiniMax scans without tools");
+        let minimax = ModelParsers { reasoning: None, tools: Some("minimax_m2") };
+        let scan = OutputPlan::of_chat(&body("{}"), minimax, false, true);
+        assert_eq!(scan.tools, Some(ToolPlan::Family("minimax_m2", Tools::any())), "MiniMax scans without tools");
+        let mut chain = scan.parser();
+        let mut out = Parsed::default();
+        let call = smg_parsers::markup::call("minimax_m2", "anything", &[("n", "1")], 0).unwrap();
+        chain.push(&call, &mut out);
+        chain.finish(&mut out);
+        assert_eq!(out.calls.len(), 1, "{out:?}");
+        assert_eq!(out.calls[0].name, "anything");
+        let args: Value = sonic_rs::from_str(&out.calls[0].arguments).unwrap();
+        assert_eq!(args["n"].as_u64(), Some(1), "a value of no declared type is read as JSON");
     }
 
     #[test]

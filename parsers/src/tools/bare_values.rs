@@ -505,7 +505,7 @@ mod fuzz {
 
     #[test]
     fn random_fragments() {
-        let tools = Tools(vec![Tool { name: "f".into(), params: vec![("k".into(), "integer".into())] }]);
+        let tools = Tools::new(vec![Tool { name: "f".into(), params: vec![("k".into(), "integer".into())] }]);
         let mut seed = 0x2545f4914f6cdd1du64;
         let mut rand = move |n: usize| {
             seed ^= seed << 13;

@@ -31,7 +31,7 @@ fn read(block: &str, tools: &Tools) -> Option<Vec<Call>> {
     let name_len = c.rest().find(['\n', '<'])?;
     let tool = tools.get(c.rest()[..name_len].trim())?;
     c.skip(name_len);
-    let mut args = Args::new(tool);
+    let mut args = Args::new(&tool);
     loop {
         c.space();
         if !c.eat("<arg_key>") {
@@ -53,7 +53,7 @@ mod tests {
 
     fn tools() -> Tools {
         let params = |ps: &[(&str, &str)]| ps.iter().map(|(k, t)| (k.to_string(), t.to_string())).collect();
-        Tools(vec![
+        Tools::new(vec![
             Tool {
                 name: "get_weather".into(),
                 params: params(&[("city", "string"), ("days", "integer"), ("opts", "object"), ("metric", "boolean")]),

@@ -345,7 +345,7 @@ impl ToolParser for Tagged {
 #[cfg(test)]
 pub(crate) fn tools() -> Tools {
     use crate::Tool;
-    Tools(
+    Tools::new(
         ["get_weather", "search"].into_iter().map(|name| Tool { name: name.to_owned(), params: Vec::new() }).collect(),
     )
 }

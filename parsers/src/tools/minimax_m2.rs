@@ -34,7 +34,7 @@ fn read(block: &str, tools: &Tools) -> Option<Vec<Call>> {
             break;
         }
         let tool = tools.get(name_attr(&mut c)?)?;
-        let mut args = Args::new(tool);
+        let mut args = Args::new(&tool);
         loop {
             c.space();
             if !c.eat("<parameter") {
@@ -92,7 +92,7 @@ mod tests {
 
     fn tools() -> Tools {
         let params = |ps: &[(&str, &str)]| ps.iter().map(|(k, t)| (k.to_string(), t.to_string())).collect();
-        Tools(vec![
+        Tools::new(vec![
             Tool {
                 name: "get_weather".into(),
                 params: params(&[("city", "string"), ("days", "integer"), ("opts", "object"), ("metric", "boolean")]),

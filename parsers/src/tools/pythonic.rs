@@ -281,7 +281,7 @@ impl<'a> Reader<'a> {
         let tool = tools.get(self.name()?)?;
         self.space();
         self.expect(b'(')?;
-        let mut args = Args::new(tool);
+        let mut args = Args::new(&tool);
         loop {
             self.space();
             if self.eat(b')') {
@@ -575,7 +575,7 @@ mod tests {
 
     fn tools() -> Tools {
         let tool = |name: &str| Tool { name: name.into(), params: vec![("city".into(), "string".into())] };
-        Tools(vec![tool("get_weather"), tool("other"), tool("ping")])
+        Tools::new(vec![tool("get_weather"), tool("other"), tool("ping")])
     }
 
     fn parse(text: &str) -> Parsed {

@@ -33,7 +33,7 @@ fn read(block: &str, tools: &Tools) -> Option<Vec<Call>> {
     c.space();
     c.expect("<function=")?;
     let tool = tools.get(c.until(">")?.trim())?;
-    let mut args = Args::new(tool);
+    let mut args = Args::new(&tool);
     loop {
         c.space();
         if !c.eat("<parameter=") {
@@ -56,7 +56,7 @@ mod tests {
 
     fn tools() -> Tools {
         let params = |ps: &[(&str, &str)]| ps.iter().map(|(k, t)| (k.to_string(), t.to_string())).collect();
-        Tools(vec![
+        Tools::new(vec![
             Tool {
                 name: "get_weather".into(),
                 params: params(&[("city", "string"), ("days", "integer"), ("opts", "object"), ("metric", "boolean")]),
