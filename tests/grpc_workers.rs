@@ -952,3 +952,50 @@ fn a_model_on_grpc_and_http_workers_fails_over_from_grpc_to_http() {
 fn a_model_on_grpc_and_http_workers_fails_over_from_http_to_grpc() {
     both_drivers(|legacy| fails_over_across_protocols(legacy, false));
 }
+
+/// Routes gRPC workers do not take (anything but chat and completions, Decisions included)
+/// go to a model's HTTP workers; a model with gRPC workers only answers the contract's code
+/// for the route, never a 501 of the gateway's own.
+#[test]
+fn routes_grpc_workers_do_not_take_go_to_http_workers_or_answer_the_contracts_code() {
+    both_drivers(|legacy| {
+        let http = Sim::start(MODEL, &["--ttft-ms", "0", "--itl-ms", "0", "--output-tokens", "3"]);
+        let grpc = Sim::start(MODEL, FAST);
+        let only = Sim::start("grpc-only-model", FAST);
+        let (h, g, o) = (http.url(), grpc.grpc_url(), only.grpc_url());
+        let args = ["--worker-urls", &h, &g, &o, "--cores", "2", "--policy", "round_robin"];
+        let gw = Gateway::start(legacy, &args);
+        gw.ready_workers(3);
+        let generate = format!(r#"{{"model":"{MODEL}","text":"hello","sampling_params":{{"max_new_tokens":3}}}}"#);
+        for _ in 0..6 {
+            let r = post(gw.port, "/generate", &generate, &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.header("x-smg-routed-worker-id"), Some(http.url().as_str()));
+        }
+        // Chat still goes round both.
+        let seen: std::collections::HashSet<String> = (0..4)
+            .map(|_| post(gw.port, "/v1/chat/completions", &chat(""), &[]))
+            .map(|r| r.header("x-smg-routed-worker-id").unwrap().to_string())
+            .collect();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        let only_gen = r#"{"model":"grpc-only-model","text":"hello"}"#;
+        let r = post(gw.port, "/generate", only_gen, &[]);
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("no_available_workers"));
+        let decide =
+            r#"{"model":"grpc-only-model","input":"x","questions":[{"type":"predicate","instructions":"Is it?"}]}"#;
+        let r = post(gw.port, "/v1/decisions", decide, &[]);
+        assert_eq!(r.status, 501, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("decisions_not_supported"));
+        let form = "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ngrpc-only-model\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n--b--\r\n";
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+        let head = format!(
+            "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        );
+        std::io::Write::write_all(&mut sock, head.as_bytes()).unwrap();
+        let r = read_response(&mut sock, &mut Vec::new(), false).unwrap();
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("audio_transcription_model_not_supported"));
+    });
+}

@@ -72,9 +72,10 @@ impl GrpcRequest {
     /// The body (validated by the contract) as gRPC workers take it; only Chat Completions
     /// and Completions are served by them.
     pub fn new(spec: &EndpointSpec, body: &[u8]) -> Result<Self, Failure> {
+        // Pick gives gRPC workers chat and completions only (serve/pick.rs).
         let Some(kind) = kind_of(spec) else {
-            let msg = format!("{} is not served by gRPC workers", spec.path);
-            return Err(Failure::Rejected(ApiError::new(501, "endpoint_not_supported_on_grpc", msg)));
+            let msg = format!("No available workers: gRPC workers do not serve {}", spec.path);
+            return Err(Failure::Rejected(ApiError::new(503, "no_available_workers", msg)));
         };
         let doc = sonic_rs::from_slice(body)
             .map_err(|e| Failure::Rejected(ApiError::bad_request(format!("request body: {e}"))))?;

@@ -21,6 +21,36 @@ fn decisions_eligible(w: &Worker) -> bool {
     w.meta.runtime != Runtime::External && !w.url.grpc
 }
 
+/// Whether `w` can serve the route: gRPC workers serve chat and completions (the gateway
+/// renders the prompt and assembles the answer); Decisions go where [`decisions_eligible`]
+/// says; every other route is forwarded as sent, so it needs an HTTP worker. In a fleet where
+/// a model has both kinds, such a request goes to an HTTP worker.
+fn serves(spec: &EndpointSpec, w: &Worker) -> bool {
+    match spec.schema {
+        Some(contract::Endpoint::ChatCompletions | contract::Endpoint::Completions) => true,
+        Some(contract::Endpoint::Decisions) => decisions_eligible(w),
+        None => !w.url.grpc,
+    }
+}
+
+/// The model has workers, but none of them can serve this route (only gRPC workers, for a
+/// route they do not take): the contract's code for it.
+fn unservable(spec: &EndpointSpec, model: &str) -> ApiError {
+    match spec.schema {
+        Some(contract::Endpoint::Decisions) => ApiError::decisions_not_supported(model),
+        _ if spec.path == crate::api::transcriptions::PATH => ApiError::new(
+            400,
+            "audio_transcription_model_not_supported",
+            format!("Model '{model}' is served by gRPC workers only, which do not transcribe it"),
+        ),
+        _ => ApiError::new(
+            503,
+            "no_available_workers",
+            format!("No available workers for model '{model}': its gRPC workers do not serve {}", spec.path),
+        ),
+    }
+}
+
 /// Picks a worker for `ctx` unless one is already chosen. `avoid`: workers that failed this
 /// request already; they are passed over while any other candidate is left.
 // The phases' shared state, passed as the other phases take it.
@@ -46,11 +76,10 @@ pub fn pick_worker(
     }
     let snap = shard.snapshot();
     let model = ctx.model.as_deref();
-    let decisions = spec.schema == Some(contract::Endpoint::Decisions);
-    if decisions && !matches!(snap.candidates(model), Candidates::UnknownModel) {
-        let serves = |w: &Worker| model.is_none_or(|m| w.model.as_deref() == Some(m));
-        if !snap.workers.iter().any(|w| serves(w) && decisions_eligible(w)) {
-            return Err(ApiError::decisions_not_supported(model.unwrap_or("")).into());
+    if !matches!(snap.candidates(model), Candidates::UnknownModel) {
+        let of_model = |w: &Worker| model.is_none_or(|m| w.model.as_deref() == Some(m));
+        if !snap.workers.iter().any(|w| of_model(w) && serves(spec, w)) {
+            return Err(unservable(spec, model.unwrap_or("")).into());
         }
     }
     let all = match snap.candidates(model) {
@@ -62,7 +91,7 @@ pub fn pick_worker(
         }
         Candidates::Overloaded(list) => {
             // SMG's fallback without --worker-overload-shed: the least loaded of them.
-            let fits = |p: &usize| !decisions || decisions_eligible(&snap.workers[*p]);
+            let fits = |p: &usize| serves(spec, &snap.workers[*p]);
             let least = list.iter().copied().filter(fits).min_by_key(|&p| snap.workers[p].engine_load.unwrap_or(0));
             let Some(pos) = least else { return Err(ApiError::no_available_workers(model).into()) };
             let load = shard.hold_load(snap.workers[pos].id);
@@ -74,14 +103,14 @@ pub fn pick_worker(
         Candidates::Healthy(list) => list,
     };
     let eligible: Vec<usize>;
-    let all = if decisions {
-        eligible = all.iter().copied().filter(|&p| decisions_eligible(&snap.workers[p])).collect();
+    let all = if all.iter().all(|&p| serves(spec, &snap.workers[p])) {
+        all
+    } else {
+        eligible = all.iter().copied().filter(|&p| serves(spec, &snap.workers[p])).collect();
         if eligible.is_empty() {
             return Err(ApiError::no_available_workers(model).into());
         }
         &eligible
-    } else {
-        all
     };
     let spared: Vec<usize>;
     let positions = if avoid.is_empty() {

@@ -96,10 +96,6 @@ pub(super) async fn forward(
         Ok(p) => p,
         Err(f) => return refused(ctx, f),
     };
-    if picked.worker().url.grpc {
-        let msg = format!("{} is not served by gRPC workers", spec.path);
-        return refused(ctx, Failure::Rejected(ApiError::new(501, "endpoint_not_supported_on_grpc", msg)));
-    }
     if let Err(o) = super::reserve::reserve(shard, ctx, len).await {
         ctx.close = true;
         return o;
