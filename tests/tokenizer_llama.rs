@@ -372,3 +372,71 @@ fn fast_encode_matches_the_tokenizers_crate_on_random_text() {
         assert_eq!(ours, theirs, "{s:?}");
     }
 }
+
+/// Each output parser reads its family's markup as a real model's tokens decode it: the
+/// markup tokenized with SmolLM2's vocabulary, decoded one token at a time by the gateway's
+/// incremental detokenizer, each token's text one piece.
+#[test]
+fn parsers_read_each_familys_markup_at_real_token_boundaries() {
+    use smg_parsers::{markup, Parsed, Tool, Tools};
+    let Some((_, model)) = engine_files() else { return };
+    let tok = Tokenizer::from_gguf(&model).unwrap();
+    let pieces = |text: &str| -> Vec<String> {
+        let ids = tok.encode(text, false).unwrap();
+        let mut dec = tok.decoder(false);
+        let mut out: Vec<String> = ids
+            .iter()
+            .map(|&id| {
+                let mut s = String::new();
+                dec.step(id, &mut s);
+                s
+            })
+            .collect();
+        let mut rest = String::new();
+        dec.finish(&mut rest);
+        out.push(rest);
+        assert_eq!(out.concat(), text, "the tokens decode back to the text");
+        // A token that ends inside a character decodes to nothing yet: such empty pieces
+        // stay in, though the assembler passes only text on.
+        out
+    };
+    let tools = Tools::new(vec![Tool { name: "get_weather".into(), params: vec![("city".into(), "string".into())] }]);
+    for &name in smg_parsers::tools::NAMES {
+        let call = markup::call(name, "get_weather", &[("city", "\"東京 😀\"")], 0).unwrap();
+        let text = if markup::stands_alone(name) { call } else { format!("Let me check.{call}") };
+        let ps = pieces(&text);
+        assert!(ps.len() > 10, "{name}: {} tokens", ps.len());
+        let mut p = smg_parsers::tools::by_name(name, tools.clone()).unwrap();
+        let (mut all, mut out) = (Parsed::default(), Parsed::default());
+        for piece in &ps {
+            out.clear();
+            p.push(piece, &mut out);
+            all.content.push_str(&out.content);
+            all.calls.append(&mut out.calls);
+        }
+        out.clear();
+        p.finish(&mut out);
+        all.content.push_str(&out.content);
+        all.calls.append(&mut out.calls);
+        assert_eq!(all.calls.len(), 1, "{name}: {all:?}");
+        let args: sonic_rs::Value = sonic_rs::from_str(&all.calls[0].arguments).unwrap();
+        assert_eq!(args["city"].as_str(), Some("東京 😀"), "{name}");
+        assert_eq!(all.content, if markup::stands_alone(name) { "" } else { "Let me check." }, "{name}");
+    }
+    for &name in smg_parsers::reasoning::NAMES {
+        let Some(text) = markup::reasoning(name, "Hmm, 東京 😀.", "Yes.") else { continue };
+        let mut p = smg_parsers::reasoning::by_name(name, false).unwrap();
+        let (mut all, mut out) = (Parsed::default(), Parsed::default());
+        for piece in pieces(&text) {
+            out.clear();
+            p.push(&piece, &mut out);
+            all.reasoning.push_str(&out.reasoning);
+            all.content.push_str(&out.content);
+        }
+        out.clear();
+        p.finish(&mut out);
+        all.reasoning.push_str(&out.reasoning);
+        all.content.push_str(&out.content);
+        assert_eq!((all.reasoning.as_str(), all.content.as_str()), ("Hmm, 東京 😀.", "\n\nYes."), "{name}");
+    }
+}

@@ -49,8 +49,8 @@ fn merge(all: &mut Parsed, out: &Parsed) {
 }
 
 /// Parses `text` whole, then cut in two at every character boundary, then one character a
-/// piece, then in pieces of 2, 3 and 5 characters: asserts every way gives the same, and
-/// returns it.
+/// piece, then in pieces of 2, 3 and 5 characters, then with an empty piece at every
+/// boundary: asserts every way gives the same, and returns it.
 pub(crate) fn every_cut<F: Feed>(make: impl Fn() -> F, text: &str) -> Parsed {
     let whole = run(&mut make(), &[text]);
     let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
@@ -69,6 +69,11 @@ pub(crate) fn every_cut<F: Feed>(make: impl Fn() -> F, text: &str) -> Parsed {
         assert_eq!(pieces.concat(), text);
         let got = run(&mut make(), &pieces);
         assert_eq!(got, whole, "pieces of {step} characters of {text:?}");
+    }
+    // An empty piece anywhere changes nothing.
+    for &cut in &bounds {
+        let got = run(&mut make(), &[&text[..cut], "", &text[cut..]]);
+        assert_eq!(got, whole, "an empty piece at byte {cut} of {text:?}");
     }
     whole
 }
