@@ -10,7 +10,7 @@
 mod support;
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
-use support::sim::Sim;
+use support::sim::{tokenizer_dir_with_template, Sim};
 use support::*;
 
 const FAST: &[&str] = &["--grpc", "--ttft-ms", "0", "--itl-ms", "0"];
@@ -325,4 +325,22 @@ fn a_forced_call_sends_one_json_schema_and_reads_the_constrained_answer() {
         post(gw.port, "/v1/chat/completions", &with_tools(m, ""), &[]);
         assert!(last()["constraint"].is_null());
     });
+}
+
+#[test]
+fn a_template_that_opens_the_think_block_starts_the_answer_inside_it() {
+    // DeepSeek-R1's template has no thinking toggle and always ends the prompt with an open
+    // `<think>`: the model's answer starts in the middle of its reasoning.
+    let dir = tokenizer_dir_with_template("{% for m in messages %}{{ m.content }}{% endfor %}<think>\n");
+    both_drivers(|legacy| {
+        let sim = Sim::start("deepseek-ai/DeepSeek-R1", FAST);
+        let gw = gateway(legacy, &[&sim], &["--tokenizer-path", dir.to_str().unwrap()]);
+        let said_ = r#","custom_params":{"sim_output":"I ponder.</think>\n\nAnswer."}"#;
+        for stream in [false, true] {
+            let body = chat("deepseek-ai/DeepSeek-R1", &format!(r#"{said_},"stream":{stream}"#));
+            let s = said(&post(gw.port, "/v1/chat/completions", &body, &[]), stream);
+            assert_eq!((s.reasoning.as_str(), s.content.as_str()), ("I ponder.", "\n\nAnswer."), "stream {stream}");
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
-use support::sim::Sim;
+use support::sim::{tokenizer_dir_with_template, Sim};
 use support::*;
 
 const MODEL: &str = "sim-model";
@@ -485,20 +485,6 @@ fn admin_fan_outs_reach_grpc_workers_over_grpc() {
             assert_eq!((r.status, r.text().as_str()), (501, text), "{path}");
         }
     });
-}
-
-/// A tokenizer directory: the simulator's vocabulary with `template` as its chat template.
-fn tokenizer_dir_with_template(template: &str) -> std::path::PathBuf {
-    use smg_loadtest::sim::grpc::tokenizer::tokenizer_json;
-    let dir = std::env::temp_dir().join(format!("smg-thinking-{}-{}", std::process::id(), free_port()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
-    let mut cfg = Vec::new();
-    cfg.extend_from_slice(b"{\"eos_token\":\"<|im_end|>\",\"chat_template\":");
-    cfg.extend_from_slice(sonic_rs::to_string(template).unwrap().as_bytes());
-    cfg.push(b'}');
-    std::fs::write(dir.join("tokenizer_config.json"), cfg).unwrap();
-    dir
 }
 
 #[test]

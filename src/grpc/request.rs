@@ -79,7 +79,12 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
             // MiniMax's answers are scanned for calls even when the request offers no tools
             // (the contract's profile rule).
             let scan = model.parsers.tools == Some("minimax_m2");
-            (vec![ids], thinks, OutputPlan::of_chat(body, model.parsers, thinks, scan))
+            // The answer starts inside reasoning when thinking is on, or when the template
+            // left the reasoning block open at the prompt's end (DeepSeek-R1's has no toggle and
+            // always does).
+            let open = model.parsers.reasoning.and_then(smg_parsers::reasoning::markers);
+            let opened = open.is_some_and(|(o, _)| text.trim_end().ends_with(o));
+            (vec![ids], thinks, OutputPlan::of_chat(body, model.parsers, thinks || opened, scan))
         }
         Kind::Completions => (completion_prompts(body, model)?, false, OutputPlan::default()),
     };

@@ -71,3 +71,19 @@ impl Sim {
         );
     }
 }
+
+/// A tokenizer directory (for the gateway's `--tokenizer-path`): the simulator's vocabulary
+/// with `template` as its chat template.
+#[allow(dead_code)] // Not every test file that includes support/ uses it.
+pub fn tokenizer_dir_with_template(template: &str) -> std::path::PathBuf {
+    use smg_loadtest::sim::grpc::tokenizer::tokenizer_json;
+    let dir = std::env::temp_dir().join(format!("smg-template-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
+    let mut cfg = Vec::new();
+    cfg.extend_from_slice(b"{\"eos_token\":\"<|im_end|>\",\"chat_template\":");
+    cfg.extend_from_slice(sonic_rs::to_string(template).unwrap().as_bytes());
+    cfg.push(b'}');
+    std::fs::write(dir.join("tokenizer_config.json"), cfg).unwrap();
+    dir
+}
