@@ -180,16 +180,21 @@ fn replay_azure(trace: &Trace, legacy: bool) -> Result<String, String> {
         }
     }
     // Sends land within 1 ms of the trace, measured by the kernel's receive timestamps.
-    // Bounded, not all: a thread preempted by another process can be late. And on a virtual
-    // machine the host can take a core for milliseconds at a time (steal), which no sender
-    // avoids: as many sends as the trace has due in the stolen time are allowed on top.
+    // Bounded, not all: no sender avoids the time it is not on a core. On a virtual machine
+    // the host takes a core for milliseconds at a time (steal), and on a busy box (a CI run
+    // with a release build beside it) other processes hold both cores while the sender is
+    // ready (its run-queue wait, which smg-load reports from its threads' schedstat): as many
+    // sends as the trace has due in that time are allowed on top. A timer that is wrong is late
+    // whatever the host does (the 2 ms busy-wait it replaced: 60-75 of 300 on an idle box).
     let late: Vec<(usize, i64)> = errs.iter().copied().enumerate().filter(|(_, e)| e.unsigned_abs() > 1000).collect();
     let span = trace.entries.last().map_or(1, |e| e.offset_us.max(1)) as u128;
-    let allowed = n / 20 + (steal.as_micros() * n as u128).div_ceil(span) as usize;
+    let waited = Duration::from_secs_f64(r["sender_cpu_wait_ms"].as_f64().unwrap_or(0.0) / 1000.0);
+    let lost = steal + waited;
+    let allowed = n / 20 + (lost.as_micros() * n as u128).div_ceil(span) as usize;
     let mut sorted: Vec<u64> = errs.iter().map(|e| e.unsigned_abs()).collect();
     sorted.sort_unstable();
     let figures = format!(
-        "send-time error p50 {} µs, p99 {} µs, worst {} µs, {} of {n} over 1 ms (allowed {allowed}), host stole {steal:?}",
+        "send-time error p50 {} µs, p99 {} µs, worst {} µs, {} of {n} over 1 ms (allowed {allowed}), host stole {steal:?}, the sender waited for a CPU {waited:?}",
         sorted[n / 2],
         sorted[n * 99 / 100],
         sorted[n - 1],

@@ -73,6 +73,18 @@ pub fn tree_ticks(pid: u32) -> Option<Ticks> {
 }
 
 /// Converts ticks to microseconds.
+/// Nanoseconds the calling thread has spent runnable but waiting on a run queue (the second
+/// field of /proc/thread-self/schedstat); None where the kernel keeps no schedstat.
+pub fn thread_cpu_wait_ns() -> Option<u64> {
+    let s = fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether this kernel reports run-queue waits.
+pub fn schedstat_available() -> bool {
+    thread_cpu_wait_ns().is_some()
+}
+
 pub fn ticks_to_us(ticks: u64) -> f64 {
     ticks as f64 * 1_000_000.0 / ticks_per_second() as f64
 }

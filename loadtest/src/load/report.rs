@@ -29,6 +29,8 @@ pub struct Stats {
     pub completion_tokens: u64,
     pub with_usage: u64,
     pub connects: u64,
+    /// Time the load threads were runnable but waited for a CPU, in µs (their schedstat).
+    pub cpu_wait_us: u64,
 }
 
 impl Default for Stats {
@@ -47,6 +49,7 @@ impl Default for Stats {
             completion_tokens: 0,
             with_usage: 0,
             connects: 0,
+            cpu_wait_us: 0,
         }
     }
 }
@@ -116,6 +119,7 @@ impl Stats {
         self.completion_tokens += other.completion_tokens;
         self.with_usage += other.with_usage;
         self.connects += other.connects;
+        self.cpu_wait_us += other.cpu_wait_us;
     }
 }
 
@@ -187,6 +191,12 @@ pub struct Report {
     pub cache_ratio: Option<f64>,
     pub completion_tokens: u64,
     pub connections_opened: u64,
+    /// How long the load threads were ready to run but waited for a CPU another process (or
+    /// the host) held, summed over threads: a send due in that time went out late through no
+    /// fault of the generator's timer. A figure near the run's length means the generator
+    /// shared its cores and its latencies and send times say so. None where the kernel keeps
+    /// no schedstat.
+    pub sender_cpu_wait_ms: Option<f64>,
     pub target_cpu: Vec<CpuUse>,
 }
 
@@ -225,6 +235,7 @@ impl Report {
             cache_ratio: (s.prompt_tokens > 0).then(|| s.cached_tokens as f64 / s.prompt_tokens as f64),
             completion_tokens: s.completion_tokens,
             connections_opened: s.connects,
+            sender_cpu_wait_ms: crate::load::cpu::schedstat_available().then(|| s.cpu_wait_us as f64 / 1000.0),
             target_cpu,
         }
     }
@@ -288,6 +299,9 @@ impl Report {
             );
         }
         let _ = writeln!(o, "connections opened {}", self.connections_opened);
+        if let Some(w) = self.sender_cpu_wait_ms {
+            let _ = writeln!(o, "load threads waited for a CPU {w:.1} ms");
+        }
         o
     }
 }

@@ -308,7 +308,8 @@ pub fn execute_recorded(plan: &LoadPlan, record: bool) -> Result<Measured, Strin
                 if let Some(c) = core {
                     rt::pin_to(c);
                 }
-                rt::block_on(async move {
+                let waited_before = cpu::thread_cpu_wait_ns();
+                let out = rt::block_on(async move {
                     let ctx = Rc::new(Ctx::new(tp));
                     match mode {
                         Mode::Closed { concurrency } => closed_loop::run(ctx.clone(), concurrency).await,
@@ -321,7 +322,13 @@ pub fn execute_recorded(plan: &LoadPlan, record: bool) -> Result<Measured, Strin
                     let records = std::mem::take(&mut *ctx.records.borrow_mut());
                     (stats, records, secs)
                 })
-                .map_err(|e| format!("runtime: {e}"))
+                .map_err(|e| format!("runtime: {e}"));
+                out.map(|(mut stats, records, secs)| {
+                    if let (Some(a), Some(b)) = (waited_before, cpu::thread_cpu_wait_ns()) {
+                        stats.cpu_wait_us = b.saturating_sub(a) / 1000;
+                    }
+                    (stats, records, secs)
+                })
             })
             .map_err(|e| format!("spawn: {e}"))?;
         joins.push(join);
