@@ -84,7 +84,8 @@ pub struct Tool {
 /// The request's functions: the calls a parser may give out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tools {
-    list: Vec<Tool>,
+    /// Shared: each choice's parser holds the request's tools (a clone is a count).
+    list: std::sync::Arc<[Tool]>,
     /// Calls of any name are read, their values typed as JSON where they parse (MiniMax's
     /// profile scans answers for calls even when the request offers no tools).
     any: bool,
@@ -92,12 +93,12 @@ pub struct Tools {
 
 impl Tools {
     pub fn new(list: Vec<Tool>) -> Self {
-        Tools { list, any: false }
+        Tools { list: list.into(), any: false }
     }
 
     /// Every name is declared, with no parameter types.
     pub fn any() -> Self {
-        Tools { list: Vec::new(), any: true }
+        Tools { list: Vec::new().into(), any: true }
     }
 
     pub fn list(&self) -> &[Tool] {
