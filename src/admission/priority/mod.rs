@@ -881,10 +881,10 @@ mod tests {
     }
 
     /// Random arrivals of every class, releases, departures, ticks and message deliveries
-    /// in any order, for capacities 1..=8 on 1..=4 shards with small class queues (no
-    /// reservations, no preemption: the slot and place accounting): never more requests
-    /// holding slots than the capacity, never more queued in a class than its size, and
-    /// every slot and place back where it can be used once everyone has gone.
+    /// in any order, for capacities 1..=8 on 1..=4 shards with small class queues and random
+    /// reserved floors (0..=2 per class; no preemption): never more requests holding slots
+    /// than the capacity, never more queued in a class than its size, and every slot, place
+    /// and reserved slot back where it can be used once everyone has gone.
     #[test]
     fn exact_for_every_capacity_and_shard_count_in_any_order() {
         for capacity in 1..=8usize {
@@ -892,9 +892,10 @@ mod tests {
                 for seed in 0..10u64 {
                     let mut rng = fastrand::Rng::with_seed(seed * 1000 + (capacity * 10 + shards) as u64);
                     let sizes: Vec<usize> = (0..4).map(|_| rng.usize(0..=3)).collect();
+                    let floors: Vec<usize> = (0..4).map(|_| rng.usize(0..=2)).collect();
                     let mut yaml = String::from("classes:\n");
                     for (c, name) in ["bulk", "default", "interactive", "system"].iter().enumerate() {
-                        yaml += &format!("  {name}: {{reserved_floor: 0, queue_size: {}, queue_timeout_secs: 5, starvation_threshold_secs: 60, can_preempt: false}}\n", sizes[c]);
+                        yaml += &format!("  {name}: {{reserved_floor: {}, queue_size: {}, queue_timeout_secs: 5, starvation_threshold_secs: 60, can_preempt: false}}\n", floors[c], sizes[c]);
                     }
                     let c = cfg(&yaml);
                     let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded::<SchedMsg>()).unzip();
@@ -906,6 +907,16 @@ mod tests {
                             sc
                         })
                         .collect();
+                    let reserved = |s: &[Rc<RefCell<Scheduler>>]| -> [usize; 4] {
+                        let mut r = [0; 4];
+                        for x in s {
+                            for (k, v) in x.borrow().reserved.iter().enumerate() {
+                                r[k] += v;
+                            }
+                        }
+                        r
+                    };
+                    let reserved_at_start = reserved(&s);
                     let mut held: Vec<Slot> = Vec::new();
                     let mut waiting: Vec<Ticket> = Vec::new();
                     for _ in 0..300 {
@@ -958,6 +969,7 @@ mod tests {
                         cap, capacity as isize,
                         "a slot was lost or made (C={capacity}, {shards} shards, seed {seed})"
                     );
+                    assert_eq!(reserved(&s), reserved_at_start, "a reserved slot was lost or made (seed {seed})");
                     for class in Class::ALL {
                         let places: usize = s.iter().map(|x| x.borrow().places[class.index()]).sum();
                         assert_eq!(
