@@ -4,13 +4,11 @@
 //! byte): the parsers chosen by the model's name or by flag, `reasoning_content` and
 //! `tool_calls` streamed and not, the request fields that turn them off, and `tool_choice`'s
 //! constraints.
-// A test's threads are not shards: they sleep, and time what the gateway does.
-#![allow(clippy::disallowed_methods)]
 
 mod support;
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
-use support::sim::{tokenizer_dir_with_template, Sim};
+use support::sim::{grpc_gateway as gateway, tokenizer_dir_with_template, Sim};
 use support::*;
 
 const FAST: &[&str] = &["--grpc", "--ttft-ms", "0", "--itl-ms", "0"];
@@ -39,17 +37,6 @@ fn sim_for(model: &str, reasoning: Option<&str>, tools: &str) -> Sim {
     }
     flags.extend_from_slice(&["--tool-call-markup", tools]);
     Sim::start(model, &flags)
-}
-
-fn gateway(legacy: bool, sims: &[&Sim], extra: &[&str]) -> Gateway {
-    let urls: Vec<String> = sims.iter().map(|s| s.grpc_url()).collect();
-    let mut args: Vec<&str> = vec!["--worker-urls"];
-    args.extend(urls.iter().map(String::as_str));
-    args.extend_from_slice(&["--cores", "2", "--health-check-interval-secs", "1"]);
-    args.extend_from_slice(extra);
-    let gw = Gateway::start(legacy, &args);
-    gw.ready_workers(sims.len());
-    gw
 }
 
 const WEATHER: &str = r#"{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}"#;

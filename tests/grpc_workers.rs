@@ -9,21 +9,10 @@ mod support;
 use std::time::Duration;
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
-use support::sim::{tokenizer_dir_with_template, Sim};
+use support::sim::{grpc_gateway as gateway, tokenizer_dir_with_template, Sim};
 use support::*;
 
 const MODEL: &str = "sim-model";
-
-fn gateway(legacy: bool, sims: &[&Sim], extra: &[&str]) -> Gateway {
-    let urls: Vec<String> = sims.iter().map(|s| s.grpc_url()).collect();
-    let mut args: Vec<&str> = vec!["--worker-urls"];
-    args.extend(urls.iter().map(String::as_str));
-    args.extend_from_slice(&["--cores", "2", "--health-check-interval-secs", "1"]);
-    args.extend_from_slice(extra);
-    let gw = Gateway::start(legacy, &args);
-    gw.ready_workers(sims.len());
-    gw
-}
 
 #[test]
 fn grpc_workers_register_with_their_model_and_tokenizer() {

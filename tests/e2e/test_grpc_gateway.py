@@ -27,10 +27,11 @@ def gateway_binary():
     return str(pathlib.Path(json.loads(meta)["target_directory"]) / "debug" / "smg")
 
 
-@pytest.fixture(scope="module", params=["io_uring", "epoll"])
-def stack(request, tmp_path_factory):
-    legacy = request.param == "epoll"
-    sim, sim_port = start_sim([], legacy=False)
+def grpc_stack(driver, tmp_path_factory, sim_args=(), gateway_args=()):
+    """This gateway (on `driver`) in front of one `smg-sim --grpc` with `sim_args`; yields
+    their base URLs once the gateway lists the model, and stops both after."""
+    legacy = driver == "epoll"
+    sim, sim_port = start_sim(list(sim_args), legacy=False)
     log = tmp_path_factory.mktemp("smg") / "gateway.log"
     env = dict(os.environ)
     env.pop("MONOIO_FORCE_LEGACY_DRIVER", None)
@@ -41,7 +42,8 @@ def stack(request, tmp_path_factory):
         port = free_port()
         with open(log, "w") as out:
             gw = subprocess.Popen([gateway_binary(), "launch", "--host", "127.0.0.1", "--port", str(port),
-                                   "--worker-urls", f"grpc://127.0.0.1:{sim_port}", "--cores", "2"],
+                                   "--worker-urls", f"grpc://127.0.0.1:{sim_port}", "--cores", "2",
+                                   *gateway_args],
                                   stdout=out, stderr=subprocess.STDOUT, env=env)
         base = f"http://127.0.0.1:{port}"
 
@@ -53,6 +55,11 @@ def stack(request, tmp_path_factory):
         yield {"gw": base, "sim": f"http://127.0.0.1:{sim_port}"}
     finally:
         stop(gw, sim)
+
+
+@pytest.fixture(scope="module", params=["io_uring", "epoll"])
+def stack(request, tmp_path_factory):
+    yield from grpc_stack(request.param, tmp_path_factory)
 
 
 @pytest.fixture()

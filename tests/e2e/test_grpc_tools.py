@@ -8,15 +8,12 @@ here, every wait bounded and on a readiness signal.
 """
 
 import json
-import os
 
 import openai
 import pytest
 
-from test_grpc_gateway import gateway_binary
-from test_grpc_sim_reference import MODEL, free_port, get_json, poll, start_sim, stop
-
-import subprocess
+from test_grpc_gateway import grpc_stack
+from test_grpc_sim_reference import MODEL, get_json
 
 CITIES = {"Paris", "東京", "São Paulo", "Zürich", "New York"}
 WEATHER = {
@@ -31,31 +28,9 @@ WEATHER = {
 
 @pytest.fixture(scope="module", params=["io_uring", "epoll"])
 def stack(request, tmp_path_factory):
-    legacy = request.param == "epoll"
-    sim, sim_port = start_sim(["--reasoning-markup", "qwen3", "--tool-call-markup", "qwen"], legacy=False)
-    log = tmp_path_factory.mktemp("smg") / "gateway.log"
-    env = dict(os.environ)
-    env.pop("MONOIO_FORCE_LEGACY_DRIVER", None)
-    if legacy:
-        env["MONOIO_FORCE_LEGACY_DRIVER"] = "1"
-    gw = None
-    try:
-        port = free_port()
-        with open(log, "w") as out:
-            gw = subprocess.Popen([gateway_binary(), "launch", "--host", "127.0.0.1", "--port", str(port),
-                                   "--worker-urls", f"grpc://127.0.0.1:{sim_port}", "--cores", "2",
-                                   "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen"],
-                                  stdout=out, stderr=subprocess.STDOUT, env=env)
-        base = f"http://127.0.0.1:{port}"
-
-        def ready():
-            assert gw.poll() is None, f"gateway exited: {log.read_text()[-3000:]}"
-            return [m["id"] for m in get_json(f"{base}/v1/models")["data"]] == [MODEL]
-
-        poll("gateway ready with the gRPC worker", ready, timeout=60)
-        yield {"gw": base, "sim": f"http://127.0.0.1:{sim_port}"}
-    finally:
-        stop(gw, sim)
+    yield from grpc_stack(request.param, tmp_path_factory,
+                          sim_args=["--reasoning-markup", "qwen3", "--tool-call-markup", "qwen"],
+                          gateway_args=["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen"])
 
 
 @pytest.fixture()

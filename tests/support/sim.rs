@@ -87,3 +87,17 @@ pub fn tokenizer_dir_with_template(template: &str) -> std::path::PathBuf {
     std::fs::write(dir.join("tokenizer_config.json"), cfg).unwrap();
     dir
 }
+
+/// A gateway on two shards in front of `sims` as gRPC workers (health checked every second),
+/// with `extra` flags; returns once every worker is ready.
+#[allow(dead_code)] // Not every test file that includes support/ uses it.
+pub fn grpc_gateway(legacy: bool, sims: &[&Sim], extra: &[&str]) -> super::Gateway {
+    let urls: Vec<String> = sims.iter().map(|s| s.grpc_url()).collect();
+    let mut args: Vec<&str> = vec!["--worker-urls"];
+    args.extend(urls.iter().map(String::as_str));
+    args.extend_from_slice(&["--cores", "2", "--health-check-interval-secs", "1"]);
+    args.extend_from_slice(extra);
+    let gw = super::Gateway::start(legacy, &args);
+    gw.ready_workers(sims.len());
+    gw
+}
