@@ -267,6 +267,13 @@ fn kimi_call_ids_count_the_calls_already_in_the_conversation() {
             let s = said(&post(gw.port, "/v1/chat/completions", &body, &[]), stream);
             weather_call(&s, "kimi");
             assert_eq!(s.calls[0].0, "functions.get_weather:1", "stream {stream}");
+            // The profile's rule: tools declared on a content-less system message are offered.
+            let body = format!(
+                r#"{{"model":"moonshotai/Kimi-K2-Instruct","messages":[{{"role":"system","tools":[{WEATHER}]}},{{"role":"user","content":"Weather?"}}],"stream":{stream}}}"#
+            );
+            let s = said(&post(gw.port, "/v1/chat/completions", &body, &[]), stream);
+            weather_call(&s, "kimi, system tools");
+            assert_eq!(s.calls[0].0, "functions.get_weather:0");
         }
     });
 }

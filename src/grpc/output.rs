@@ -115,12 +115,18 @@ impl OutputPlan {
         let flag = |k: &str, default: bool| body.get(k).and_then(|v| v.as_bool()).unwrap_or(default);
         let reasoning = parsers.reasoning.filter(|_| flag("separate_reasoning", true)).map(|n| (n, thinks));
         let offered = body.get("tools").and_then(|t| t.as_array()).filter(|a| !a.is_empty());
-        let tools = match (forced_choice(body), parsers.tools, offered) {
+        // Kimi's profile: tools declared on system and developer messages join the request's.
+        let mut declared = offered.map(tools_of).unwrap_or_default();
+        if parsers.tools == Some("kimik2") {
+            declared.extend(message_tools(body));
+        }
+        let any_offered = offered.is_some() || !declared.is_empty();
+        let tools = match (forced_choice(body), parsers.tools, any_offered) {
             (Forced::No, ..) => None,
             (Forced::Named(name), ..) => Some(ToolPlan::Named(name)),
-            (Forced::Required(_), _, Some(list)) => Some(ToolPlan::Family("json", tools_of(list))),
-            (Forced::Auto, Some(name), Some(list)) => Some(ToolPlan::Family(name, tools_of(list))),
-            (Forced::Auto, Some(name), None) if scan_without_tools => Some(ToolPlan::Family(name, Tools::any())),
+            (Forced::Required(_), _, true) => Some(ToolPlan::Family("json", Tools::new(declared))),
+            (Forced::Auto, Some(name), true) => Some(ToolPlan::Family(name, Tools::new(declared))),
+            (Forced::Auto, Some(name), false) if scan_without_tools => Some(ToolPlan::Family(name, Tools::any())),
             _ => None,
         };
         let kimi = matches!(&tools, Some(ToolPlan::Family("kimik2", _)));
@@ -301,10 +307,20 @@ impl ToolParser for NamedCall {
     }
 }
 
-/// The offered functions: each `tools[i].function`'s name and its parameters' types.
-fn tools_of(list: &sonic_rs::Array) -> Tools {
-    let tools = list
+/// Functions declared in system and developer messages' own `tools` (Kimi's profile).
+fn message_tools(body: &Value) -> Vec<Tool> {
+    let Some(messages) = body.get("messages").and_then(|m| m.as_array()) else { return Vec::new() };
+    messages
         .iter()
+        .filter(|m| matches!(m.get("role").and_then(|r| r.as_str()), Some("system" | "developer")))
+        .filter_map(|m| m.get("tools").and_then(|t| t.as_array()))
+        .flat_map(tools_of)
+        .collect()
+}
+
+/// The offered functions: each `tools[i].function`'s name and its parameters' types.
+fn tools_of(list: &sonic_rs::Array) -> Vec<Tool> {
+    list.iter()
         .filter_map(|t| {
             let f = t.get("function")?;
             let name = f.get("name")?.as_str()?.to_string();
@@ -321,8 +337,7 @@ fn tools_of(list: &sonic_rs::Array) -> Tools {
                 .unwrap_or_default();
             Some(Tool { name, params })
         })
-        .collect();
-    Tools::new(tools)
+        .collect()
 }
 
 /// Tool calls the assistant already made in the conversation.
@@ -479,6 +494,19 @@ mod tests {
         chain.push("not json", &mut out);
         chain.finish(&mut out);
         assert_eq!((out.content.as_str(), out.calls.len()), ("not json", 0));
+    }
+
+    #[test]
+    fn kimi_tools_declared_on_a_system_message_join_the_requests() {
+        let p = ModelParsers { reasoning: None, tools: Some("kimik2") };
+        let b = body(
+            r#"{"messages":[{"role":"system","tools":[{"type":"function","function":{"name":"f"}}]},{"role":"user","content":"x"}]}"#,
+        );
+        let plan = OutputPlan::of_chat(&b, p, false, false);
+        let Some(ToolPlan::Family("kimik2", t)) = &plan.tools else { panic!("{plan:?}") };
+        assert!(t.declares("f") && !t.declares("g"));
+        let qwen = ModelParsers { reasoning: None, tools: Some("qwen") };
+        assert!(OutputPlan::of_chat(&b, qwen, false, false).tools.is_none(), "only Kimi's profile reads them");
     }
 
     #[test]
