@@ -432,7 +432,21 @@ pub(crate) fn push_string(out: &mut String, text: &str) {
 
 #[cfg(test)]
 pub(crate) mod test_support {
-    use crate::Parsed;
+    use crate::{Parsed, Tool, Tools};
+
+    /// The functions the bare-value families' tests offer: one of each parameter type, a
+    /// search, and one without parameters.
+    pub(crate) fn tools() -> Tools {
+        let params = |ps: &[(&str, &str)]| ps.iter().map(|(k, t)| (k.to_string(), t.to_string())).collect();
+        Tools::new(vec![
+            Tool {
+                name: "get_weather".into(),
+                params: params(&[("city", "string"), ("days", "integer"), ("opts", "object"), ("metric", "boolean")]),
+            },
+            Tool { name: "search".into(), params: params(&[("query", "string")]) },
+            Tool { name: "now".into(), params: vec![] },
+        ])
+    }
 
     /// Asserts the content and the calls (arguments compared as JSON values).
     pub(crate) fn assert_parsed(got: &Parsed, content: &str, calls: &[(&str, &str)]) {

@@ -60,19 +60,8 @@ fn read(block: &str, tools: &Tools) -> Option<Vec<Call>> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::bare_values::test_support::assert_parsed;
-    use crate::{testing::every_cut, Parsed, Tool, Tools};
-
-    fn tools() -> Tools {
-        let params = |ps: &[(&str, &str)]| ps.iter().map(|(k, t)| (k.to_string(), t.to_string())).collect();
-        Tools::new(vec![
-            Tool {
-                name: "get_weather".into(),
-                params: params(&[("city", "string"), ("days", "integer"), ("opts", "object"), ("metric", "boolean")]),
-            },
-            Tool { name: "search".into(), params: params(&[("query", "string")]) },
-        ])
-    }
+    use super::super::bare_values::test_support::{assert_parsed, tools};
+    use crate::{testing::every_cut, Parsed};
 
     fn parse(text: &str) -> Parsed {
         every_cut(|| crate::tools::by_name("step3", tools()).unwrap(), text)
