@@ -27,10 +27,15 @@ fn decisions_eligible(w: &Worker) -> bool {
 /// a model has both kinds, such a request goes to an HTTP worker.
 fn serves(spec: &EndpointSpec, w: &Worker) -> bool {
     match spec.schema {
-        Some(contract::Endpoint::ChatCompletions | contract::Endpoint::Completions) => true,
+        _ if served_by_all(spec) => true,
         Some(contract::Endpoint::Decisions) => decisions_eligible(w),
-        None => !w.url.grpc,
+        _ => !w.url.grpc,
     }
+}
+
+/// Every worker serves the route (chat and completions): no worker list need be scanned.
+fn served_by_all(spec: &EndpointSpec) -> bool {
+    matches!(spec.schema, Some(contract::Endpoint::ChatCompletions | contract::Endpoint::Completions))
 }
 
 /// The model has workers, but none of them can serve this route (only gRPC workers, for a
@@ -76,7 +81,8 @@ pub fn pick_worker(
     }
     let snap = shard.snapshot();
     let model = ctx.model.as_deref();
-    if !matches!(snap.candidates(model), Candidates::UnknownModel) {
+    let by_all = served_by_all(spec);
+    if !by_all && !matches!(snap.candidates(model), Candidates::UnknownModel) {
         let of_model = |w: &Worker| model.is_none_or(|m| w.model.as_deref() == Some(m));
         if !snap.workers.iter().any(|w| of_model(w) && serves(spec, w)) {
             return Err(unservable(spec, model.unwrap_or("")).into());
@@ -103,7 +109,7 @@ pub fn pick_worker(
         Candidates::Healthy(list) => list,
     };
     let eligible: Vec<usize>;
-    let all = if all.iter().all(|&p| serves(spec, &snap.workers[p])) {
+    let all = if by_all || all.iter().all(|&p| serves(spec, &snap.workers[p])) {
         all
     } else {
         eligible = all.iter().copied().filter(|&p| serves(spec, &snap.workers[p])).collect();
