@@ -2,7 +2,8 @@
 //! and past it, the System One translation against an SGLang-runtime simulated worker (the
 //! exact mapping of all three question types, repeated names, boolean choice values), the
 //! four `unsupported_decisions_request` families, the 502, a backend error kept as sent, the
-//! byte-identical forward to a vLLM-runtime worker, 501 and 404.
+//! byte-identical forward to a vLLM-runtime worker, 501 and 404; and scoring through the
+//! engine on gRPC workers.
 
 mod support;
 
@@ -39,6 +40,7 @@ fn sglang_translation() {
         );
         let r = post(gw.port, PATH, &b, &[]);
         assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(sim.url().as_str()), "the answer names its worker");
         let v = r.json();
         assert_eq!(v["model"].as_str(), Some("m"));
         let a = v["answers"].as_array().unwrap();
@@ -245,5 +247,94 @@ fn a_worker_of_unknown_make_gets_decisions_byte_for_byte() {
         let r = post(gw.port, PATH, &failing, &[]);
         assert_eq!(r.status, 422, "the worker's error, as is: {}", r.text());
         assert_eq!(r.json()["error"]["type"].as_str(), Some("BadRequestError"), "{}", r.text());
+    });
+}
+
+/// The simulator's token id for `text` (one token of its vocabulary).
+fn sim_token(text: &str) -> u32 {
+    use smg_loadtest::sim::grpc::tokenizer as t;
+    (0..t::vocab_size() as u32).find(|&i| t::token_text(i) == text).unwrap_or_else(|| panic!("no token {text:?}"))
+}
+
+/// On a gRPC worker each question is scored through the engine: one prefill-only Generate call
+/// per question with the answer labels in `token_ids_logprob`, and the labels' log-probabilities
+/// (renormalized over the labels) are the answer; usage counts every question's prompt, the
+/// engine's prefix-cache hits as `cached_tokens`. In a fleet with HTTP workers too, both kinds
+/// serve it. What the model cannot score is refused before anything is sent.
+#[test]
+fn grpc_workers_score_through_the_engine() {
+    use smg_loadtest::sim::grpc::generate::token_id_logprob;
+    both_drivers(|legacy| {
+        let grpc = Sim::start("m", &["--grpc"]);
+        let gw = support::sim::grpc_gateway(legacy, &[&grpc], &["--model-alias", "alias=m", "--policy", "round_robin"]);
+        let q = r#"[{"type":"predicate","instructions":"On time?"},
+            {"type":"choice","name":"s","instructions":"Sentiment?","choices":[{"value":true},{"value":"true","description":"the string"},{"value":"no"}]},
+            {"type":"score","name":"s","instructions":"Rate.","levels":[{"label":"poor"},{"label":"fair"},{"label":"good","description":"best"}]}]"#;
+        let b =
+            format!(r#"{{"model":"alias","input":[{{"role":"user","content":"late but intact"}}],"questions":{q}}}"#);
+        let r = post(gw.port, PATH, &b, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["model"].as_str(), Some("m"));
+        // What the simulated engine gives each label after the prompt's last token ("\n").
+        let after = sim_token("\n");
+        let probs = |labels: &[&str]| {
+            let w: Vec<f64> = labels.iter().map(|l| f64::from(token_id_logprob(after, sim_token(l))).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            w.into_iter().map(|x| x / sum).collect::<Vec<f64>>()
+        };
+        let close = |got: &sonic_rs::Value, want: f64| (got.as_f64().unwrap() - want).abs() < 1e-6;
+        let a = v["answers"].as_array().unwrap();
+        assert_eq!(a.len(), 3);
+        assert!(a[0]["name"].is_null());
+        assert!(close(&a[0]["probability"], probs(&["yes", "no"])[0]), "{:?}", a[0]);
+        let want = probs(&["A", "B", "C"]);
+        let p = a[1]["probabilities"].as_array().unwrap();
+        assert_eq!((p[0]["value"].as_bool(), p[1]["value"].as_str()), (Some(true), Some("true")));
+        for j in 0..3 {
+            assert!(close(&p[j]["probability"], want[j]), "{j}: {:?} vs {want:?}", p[j]);
+        }
+        let top = (0..3).fold(0, |b, j| if want[j] > want[b] { j } else { b });
+        assert_eq!(a[1]["choice"].to_string(), p[top]["value"].to_string());
+        assert!(close(&a[1]["confidence"], want[top]));
+        let want = probs(&["0", "1", "2"]);
+        assert!(close(&a[2]["score"], want[1] + 2.0 * want[2]), "{:?}", a[2]);
+        assert_eq!(a[2]["probabilities"][2]["label"].as_str(), Some("good"));
+        let u = &v["usage"];
+        let input = u["input_tokens"].as_u64().unwrap();
+        assert!(input > 3 * 20, "three prompts over the evidence: {input}");
+        assert_eq!((u["output_tokens"].as_u64(), u["total_tokens"].as_u64()), (Some(0), Some(input)));
+        // The three prompts share the evidence: the engine's prefix cache hits count.
+        assert!(u["input_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{u:?}");
+        let last = &grpc.stats()["grpc"]["last_generate"];
+        assert_eq!(last["max_new_tokens"].as_u64(), Some(0), "nothing generated: {last:?}");
+        assert_eq!((last["return_logprob"].as_bool(), last["stream"].as_bool()), (Some(true), Some(false)));
+        let labels: Vec<u64> = ["0", "1", "2"].iter().map(|l| u64::from(sim_token(l))).collect();
+        let sent: Vec<u64> = last["token_ids_logprob"].as_array().unwrap().iter().filter_map(|x| x.as_u64()).collect();
+        assert_eq!(sent, labels);
+
+        // 27 options: the 27th label ("AA") is two tokens of this vocabulary. Refused, unsent.
+        let served = grpc.served();
+        let choices: Vec<String> = (0..27).map(|i| format!(r#"{{"value":"v{i}"}}"#)).collect();
+        let many = format!(r#"[{{"type":"choice","instructions":"Which?","choices":[{}]}}]"#, choices.join(","));
+        let r = post(gw.port, PATH, &body("\"x\"", &many), &[]);
+        assert_eq!((r.status, code(&r)), (400, "unsupported_decisions_request".into()), "{}", r.text());
+        assert!(r.text().contains("\\\"AA\\\""), "{}", r.text());
+        // The SGLang refusals hold on gRPC workers too.
+        let r = post(gw.port, PATH, &body("\"   \"", &format!("[{PRED}]")), &[]);
+        assert_eq!((r.status, code(&r)), (400, "unsupported_decisions_request".into()), "{}", r.text());
+        assert_eq!(grpc.served(), served, "nothing reached the engine");
+
+        // An HTTP worker of the same model joins: Decisions go to both kinds.
+        let http = Sim::start("m", &["--runtime", "sglang"]);
+        let r = post(gw.port, "/workers", &format!(r#"{{"url":"{}"}}"#, http.url()), &[]);
+        assert!(r.status < 300, "{}", r.text());
+        gw.ready_workers(2);
+        let seen: std::collections::HashSet<String> = (0..8)
+            .map(|_| post(gw.port, PATH, &body("\"x\"", &format!("[{PRED}]")), &[]))
+            .inspect(|r| assert_eq!(r.status, 200, "{}", r.text()))
+            .map(|r| r.header("x-smg-routed-worker-id").unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(seen.len(), 2, "{seen:?}");
     });
 }

@@ -928,9 +928,9 @@ fn a_model_on_grpc_and_http_workers_fails_over_from_http_to_grpc() {
     both_drivers(|legacy| fails_over_across_protocols(legacy, false));
 }
 
-/// Routes gRPC workers do not take (anything but chat and completions, Decisions included)
-/// go to a model's HTTP workers; a model with gRPC workers only answers the contract's code
-/// for the route, never a 501 of the gateway's own.
+/// Routes gRPC workers do not take (anything but chat, completions and Decisions) go to a
+/// model's HTTP workers; a model with gRPC workers only answers the contract's code for the
+/// route, never a 501 of the gateway's own.
 #[test]
 fn routes_grpc_workers_do_not_take_go_to_http_workers_or_answer_the_contracts_code() {
     both_drivers(|legacy| {
@@ -957,11 +957,12 @@ fn routes_grpc_workers_do_not_take_go_to_http_workers_or_answer_the_contracts_co
         let r = post(gw.port, "/generate", only_gen, &[]);
         assert_eq!(r.status, 503, "{}", r.text());
         assert_eq!(r.json()["error"]["code"].as_str(), Some("no_available_workers"));
+        // Decisions are scored through a gRPC worker's engine (tests/decisions.rs has the rest).
         let decide =
             r#"{"model":"grpc-only-model","input":"x","questions":[{"type":"predicate","instructions":"Is it?"}]}"#;
         let r = post(gw.port, "/v1/decisions", decide, &[]);
-        assert_eq!(r.status, 501, "{}", r.text());
-        assert_eq!(r.json()["error"]["code"].as_str(), Some("decisions_not_supported"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(only.grpc_url().as_str()));
         let form = "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ngrpc-only-model\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n--b--\r\n";
         let mut sock = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
         let head = format!(

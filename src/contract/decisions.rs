@@ -19,6 +19,11 @@ pub const MAX_FIELD_CHARS: usize = 1_048_576;
 pub const MAX_SAFETY_ID_CHARS: usize = 128;
 /// `input_image` parts per request.
 pub const MAX_IMAGES: usize = 128;
+/// What SGLang takes: at most this many questions, and choices per `choice` question.
+pub const MAX_QUESTIONS: usize = 255;
+pub const MAX_CHOICES: usize = 255;
+/// Levels per `score` question (SGLang labels them 0–9).
+pub const MAX_LEVELS: usize = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuestionKind {
@@ -58,6 +63,43 @@ pub struct Decision<'a> {
 pub fn read(doc: Doc<'_>) -> Result<Decision<'_>> {
     let Parts { model, texts, images, questions, unknown } = scan(&doc)?;
     Ok(Decision { doc, model, texts, images, questions, unknown })
+}
+
+/// What SGLang Decisions (the System One translation and gRPC scoring alike) refuses before
+/// dispatch, the contract's four families in its order: the message of
+/// `400 unsupported_decisions_request`.
+pub fn sglang_refusal(d: &Decision<'_>) -> std::result::Result<(), String> {
+    let no = |m: String| Err(m);
+    if d.images > 0 {
+        return no(
+            "input_image parts are not supported on SGLang workers: SGLang Decisions takes text evidence only".into()
+        );
+    }
+    if d.unknown > 0 {
+        return no("fields SMG does not model are not supported on SGLang workers".into());
+    }
+    let doc = &d.doc;
+    let blank = |i: usize| doc.str(i).trim().is_empty();
+    if d.texts.is_empty() || d.texts.iter().any(|&t| blank(t)) {
+        return no("empty or whitespace-only text evidence is not supported on SGLang workers".into());
+    }
+    if let Some(i) = d.questions.iter().position(|q| blank(q.instructions)) {
+        return no(format!("questions[{i}].instructions is empty or whitespace-only"));
+    }
+    if d.questions.is_empty() || d.questions.len() > MAX_QUESTIONS {
+        return no(format!("SGLang workers take 1 to {MAX_QUESTIONS} questions, got {}", d.questions.len()));
+    }
+    for (i, q) in d.questions.iter().enumerate() {
+        let (max, what) = match q.kind {
+            QuestionKind::Predicate => continue,
+            QuestionKind::Choice => (MAX_CHOICES, "choices"),
+            QuestionKind::Score => (MAX_LEVELS, "levels"),
+        };
+        if q.options.is_empty() || q.options.len() > max {
+            return no(format!("questions[{i}]: SGLang workers take 1 to {max} {what}, got {}", q.options.len()));
+        }
+    }
+    Ok(())
 }
 
 struct Parts {

@@ -5,6 +5,7 @@
 //! - `model`: what a shard needs of a worker's model (shared through the Snapshot);
 //! - `bundle`: GetTokenizer's zip archive;
 //! - `conn`: a shard's multiplexed h2 connection per worker, over monoio's poll-io bridge;
+//! - `decisions`: a Decisions request as one scoring call per question, and its answer;
 //! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
 //! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages, with
 //!   `logprobs`' token log-probabilities;
@@ -16,6 +17,7 @@
 pub(crate) mod assemble;
 pub mod bundle;
 pub mod conn;
+pub mod decisions;
 pub mod logprobs;
 pub mod model;
 pub mod output;

@@ -162,9 +162,16 @@ async fn answer(
                 e.status
             }
             None => {
-                let location = r.location.as_deref().map(|l| [("location", l.as_bytes())]);
-                let headers: &[(&str, &[u8])] = location.as_ref().map_or(&[], |h| &h[..]);
-                let resp = Simple { status: r.status, content_type: r.content_type, headers, body: &r.body };
+                let mut headers: Vec<(&str, &[u8])> = Vec::new();
+                if let Some(l) = r.location.as_deref() {
+                    headers.push(("location", l.as_bytes()));
+                }
+                // An answer the gateway assembled from a worker's (Decisions) names that worker,
+                // as a relayed one does.
+                if let Some(c) = ctx.chosen.as_ref().filter(|_| (200..300).contains(&r.status)) {
+                    headers.push(("x-smg-routed-worker-id", c.worker().url.url.as_bytes()));
+                }
+                let resp = Simple { status: r.status, content_type: r.content_type, headers: &headers, body: &r.body };
                 write_simple(&mut out, &resp, head_only, &stamp);
                 r.status
             }

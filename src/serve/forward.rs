@@ -64,7 +64,7 @@ pub(super) async fn forward(
         let worker = picked.worker();
         let (id, is_grpc) = (worker.id, worker.url.grpc);
         if is_grpc && on_grpc.is_none() {
-            match grpc::GrpcRequest::new(spec, body.bytes(&client.buf)) {
+            match grpc::GrpcRequest::new(spec, body.bytes(&client.buf), ctx.model.as_deref()) {
                 Ok(g) => on_grpc = Some(g),
                 Err(f) => return Outcome::Failed(f),
             }

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use smg_proto::paths::sglang_scheduler as path;
-use smg_proto::scheduler::{AbortRequest, AbortResponse, GenerateRequest, GenerateResponse, TokenizedInput};
+use smg_proto::scheduler::{
+    generate_response, AbortRequest, AbortResponse, GenerateRequest, GenerateResponse, TokenizedInput,
+};
 use smg_wire::num::put_hex_width;
 
 use super::client::Client;
@@ -30,6 +32,7 @@ use crate::api::{ApiError, EndpointSpec};
 use crate::contract::Endpoint;
 use crate::grpc::assemble::{Answer, Assembler, Step};
 use crate::grpc::conn::{self, Call, Limits};
+use crate::grpc::decisions::{self, Questions, Scoring};
 use crate::grpc::model::GrpcModel;
 use crate::grpc::output::PassThrough;
 use crate::grpc::reply::Meta;
@@ -41,6 +44,7 @@ use crate::http::relay::RelayEnd;
 use crate::http::respond::Stamp;
 use crate::io::peer_closed;
 use crate::shard::Shard;
+use crate::workers::admin::AdminReply;
 use crate::workers::breaker::Verdict;
 use crate::workers::WorkerId;
 
@@ -62,37 +66,72 @@ struct Started {
 /// The request as gRPC workers take it: its body parsed once, and prepared (rendered and
 /// tokenized) once per model, so another worker of the same model reuses it.
 pub struct GrpcRequest {
-    kind: Kind,
-    doc: sonic_rs::Value,
-    prepared: Option<(Arc<GrpcModel>, Prepared)>,
+    route: Route,
     id_prefix: &'static str,
 }
 
+/// What the engine is asked to do.
+// One per request, held in its future: boxing the common variant would cost every chat
+// request an allocation to save the rare Decisions request a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
+enum Route {
+    /// Chat Completions or Completions: generation, assembled into the OpenAI answer.
+    Generate { kind: Kind, doc: sonic_rs::Value, prepared: Option<(Arc<GrpcModel>, Prepared)> },
+    /// Decisions: every question's labels scored, nothing generated (src/grpc/decisions.rs).
+    Score { questions: Questions, prepared: Option<(Arc<GrpcModel>, Scoring)> },
+}
+
 impl GrpcRequest {
-    /// The body (validated by the contract) as gRPC workers take it; only Chat Completions
-    /// and Completions are served by them.
-    pub fn new(spec: &EndpointSpec, body: &[u8]) -> Result<Self, Failure> {
-        // Pick gives gRPC workers chat and completions only (serve/pick.rs).
-        let Some(kind) = kind_of(spec) else {
-            let msg = format!("No available workers: gRPC workers do not serve {}", spec.path);
-            return Err(Failure::Rejected(ApiError::new(503, "no_available_workers", msg)));
+    /// The body (validated by the contract) as gRPC workers take it, for `model` (the
+    /// canonical name the answer carries): Chat Completions, Completions and Decisions.
+    pub fn new(spec: &EndpointSpec, body: &[u8], model: Option<&str>) -> Result<Self, Failure> {
+        let refused = |r: request::Refusal| Failure::Rejected(ApiError::new(r.status, r.code, r.message));
+        let route = match spec.schema {
+            Some(Endpoint::Decisions) => {
+                let questions = decisions::read(body, model.unwrap_or("")).map_err(refused)?;
+                Route::Score { questions, prepared: None }
+            }
+            _ => {
+                // Pick gives gRPC workers chat, completions and Decisions only (serve/pick.rs).
+                let Some(kind) = kind_of(spec) else {
+                    let msg = format!("No available workers: gRPC workers do not serve {}", spec.path);
+                    return Err(Failure::Rejected(ApiError::new(503, "no_available_workers", msg)));
+                };
+                let doc = sonic_rs::from_slice(body)
+                    .map_err(|e| Failure::Rejected(ApiError::bad_request(format!("request body: {e}"))))?;
+                Route::Generate { kind, doc, prepared: None }
+            }
         };
-        let doc = sonic_rs::from_slice(body)
-            .map_err(|e| Failure::Rejected(ApiError::bad_request(format!("request body: {e}"))))?;
-        Ok(GrpcRequest { kind, doc, prepared: None, id_prefix: spec.id_prefix })
+        Ok(GrpcRequest { route, id_prefix: spec.id_prefix })
     }
 
     /// The first engine request's prompt, once prepared: what a text policy routes on.
     pub fn tokens(&self) -> Option<&[u32]> {
-        self.prepared.as_ref().and_then(|(_, p)| p.prompts.first()).map(Vec::as_slice)
+        match &self.route {
+            Route::Generate { prepared, .. } => {
+                prepared.as_ref().and_then(|(_, p)| p.prompts.first()).map(Vec::as_slice)
+            }
+            Route::Score { prepared, .. } => {
+                prepared.as_ref().and_then(|(_, s)| s.prompts.first()).map(|p| p.ids.as_slice())
+            }
+        }
     }
 
     /// Prepared for `model` (kept when it is the model already prepared for).
     fn prepare(&mut self, model: &Arc<GrpcModel>) -> Result<(), ApiError> {
-        if !self.prepared.as_ref().is_some_and(|(m, _)| Arc::ptr_eq(m, model)) {
-            let prepared = request::prepare(self.kind, &self.doc, model)
-                .map_err(|r| ApiError::new(r.status, r.code, r.message))?;
-            self.prepared = Some((Arc::clone(model), prepared));
+        let refused = |r: request::Refusal| ApiError::new(r.status, r.code, r.message);
+        let fresh = |m: Option<&Arc<GrpcModel>>| !m.is_some_and(|m| Arc::ptr_eq(m, model));
+        match &mut self.route {
+            Route::Generate { kind, doc, prepared } => {
+                if fresh(prepared.as_ref().map(|(m, _)| m)) {
+                    *prepared = Some((Arc::clone(model), request::prepare(*kind, doc, model).map_err(refused)?));
+                }
+            }
+            Route::Score { questions, prepared } => {
+                if fresh(prepared.as_ref().map(|(m, _)| m)) {
+                    *prepared = Some((Arc::clone(model), questions.prepare(model).map_err(refused)?));
+                }
+            }
         }
         Ok(())
     }
@@ -113,20 +152,24 @@ pub fn early(shard: &Shard, spec: &EndpointSpec, ctx: &RequestCtx, body: &[u8]) 
     if !shard.cfg().routing.policy.uses_text() {
         return None;
     }
-    kind_of(spec)?;
+    if kind_of(spec).is_none() && spec.schema != Some(Endpoint::Decisions) {
+        return None;
+    }
     let snap = shard.snapshot();
     let serves = |w: &&crate::workers::Worker| ctx.model.is_none() || w.model == ctx.model;
     let model = snap.workers.iter().filter(serves).find(|w| w.healthy).and_then(|w| w.meta.grpc.clone())?;
-    let mut req = GrpcRequest::new(spec, body).ok()?;
+    let mut req = GrpcRequest::new(spec, body, ctx.model.as_deref()).ok()?;
     req.prepare(&model).ok()?;
     Some(req)
 }
 
-/// An attempt that started generation: the engine calls and their first messages.
-pub struct Begun {
-    target: Target,
-    started: Started,
-    id: String,
+/// An attempt that the engine took: generation started (the calls and their first
+/// messages), or every Decisions question scored (the answer, with its input tokens).
+pub struct Begun(Began);
+
+enum Began {
+    Generating { target: Target, started: Started, id: String },
+    Scored { worker: WorkerId, body: Vec<u8>, input_tokens: u64 },
 }
 
 /// Phase: attempt, on a gRPC worker (picked). Prepares the request for the worker's model,
@@ -147,7 +190,6 @@ pub async fn attempt(
     let (wid, addr, dp_rank) = (worker.id, worker.url.addr, worker.meta.dp_rank);
     let (url, authority) = (worker.url.url.clone(), worker.url.authority.clone());
     req.prepare(&model).map_err(|e| AttemptError::Failed(Failure::Rejected(e)))?;
-    let (_, prep) = req.prepared.as_ref().expect("prepared");
     // A new engine request id per attempt: a failed one may still be known to its engine.
     let id = response_id(shard, req.id_prefix);
     let engine_failed = |s: Status| {
@@ -163,11 +205,80 @@ pub async fn attempt(
         idle: Some(shard.cfg().upstream_read_timeout),
         max_message: Some(shard.cfg().grpc_max_message),
     };
-    match start(&mut target, client, prep, &id, limits).await {
-        Ok(Some(started)) => Ok(Begun { target, started, id }),
-        Ok(None) => Err(AttemptError::ClientGone),
-        Err(s) => Err(engine_failed(s)),
+    match &req.route {
+        Route::Generate { prepared, .. } => {
+            let (_, prep) = prepared.as_ref().expect("prepared");
+            match start(&mut target, client, prep, &id, limits).await {
+                Ok(Some(started)) => Ok(Begun(Began::Generating { target, started, id })),
+                Ok(None) => Err(AttemptError::ClientGone),
+                Err(s) => Err(engine_failed(s)),
+            }
+        }
+        Route::Score { questions, prepared } => {
+            let (_, scoring) = prepared.as_ref().expect("prepared");
+            match score(&mut target, client, scoring, &id, limits).await {
+                Ok(Some(rows)) => {
+                    let Some(rows) = rows else {
+                        let e = ApiError::invalid_decisions_response();
+                        return Err(AttemptError::Failed(Failure::Rejected(e)));
+                    };
+                    let (body, input_tokens) = decisions::answer(questions, &rows);
+                    Ok(Begun(Began::Scored { worker: wid, body, input_tokens }))
+                }
+                Ok(None) => Err(AttemptError::ClientGone),
+                Err(s) => Err(engine_failed(s)),
+            }
+        }
     }
+}
+
+/// Sends one scoring call per question and reads each one's answer, watching the client.
+/// Ok(None): the client left (the calls were aborted); Ok(Some(None)): the engine answered,
+/// but not with one usable row of label log-probabilities per question.
+async fn score(
+    target: &mut Target,
+    client: &Client,
+    scoring: &Scoring,
+    id: &str,
+    limits: Limits,
+) -> Result<Option<Option<Vec<decisions::Row>>>, Status> {
+    let mut calls = Vec::with_capacity(scoring.prompts.len());
+    for (i, prompt) in scoring.prompts.iter().enumerate() {
+        let rid = format!("{id}-{i}");
+        let req = decisions::engine_request(prompt, rid.clone(), target.dp_rank);
+        let mut send = target.send.clone().ready().await.map_err(wire::transport)?;
+        let mut call = Call::start(&mut send, &target.authority, path::GENERATE, &req).await?;
+        call.limit(limits);
+        calls.push((rid, call));
+    }
+    let mut rows = Vec::with_capacity(calls.len());
+    let mut usable = true;
+    for (i, (_, call)) in calls.iter_mut().enumerate() {
+        let msg = monoio::select! {
+            m = call.next::<GenerateResponse>() => m,
+            closed = peer_closed(&client.stream) => {
+                if closed {
+                    abort_all(target, calls.iter().map(|(r, _)| r.clone()));
+                    return Ok(None);
+                }
+                call.next::<GenerateResponse>().await
+            }
+        };
+        let complete = match msg {
+            Some(Ok(GenerateResponse { response: Some(generate_response::Response::Complete(c)), .. })) => c,
+            Some(Ok(_)) => {
+                usable = false;
+                continue;
+            }
+            Some(Err(s)) => return Err(s),
+            None => return Err(Status::new(Code::INTERNAL, "the engine ended the call without a message")),
+        };
+        match decisions::row(&scoring.prompts[i], &complete) {
+            Some(r) if usable => rows.push(r),
+            _ => usable = false,
+        }
+    }
+    Ok(Some(usable.then_some(rows)))
 }
 
 /// Phase: relay, from a gRPC attempt that began generating: the gateway assembles the
@@ -181,9 +292,24 @@ pub async fn relay(
     req: &GrpcRequest,
     begun: Begun,
 ) -> Result<Outcome, WorkerError> {
-    let Begun { target, started, id } = begun;
-    let (model, prep) = req.prepared.as_ref().expect("prepared");
-    respond(shard, client, head, ctx, req.kind, model, prep, &id, target, started).await
+    match (begun.0, &req.route) {
+        (Began::Generating { target, started, id }, Route::Generate { kind, prepared: Some((model, prep)), .. }) => {
+            respond(shard, client, head, ctx, *kind, model, prep, &id, target, started).await
+        }
+        (Began::Scored { worker, body, input_tokens }, _) => {
+            ctx.judge(worker, Verdict::Success);
+            // A tenant budget is trued up to the prompts the engine scored (no output tokens).
+            ctx.used_tokens = Some(input_tokens);
+            Ok(Outcome::Control(AdminReply {
+                status: 200,
+                content_type: "application/json",
+                body,
+                location: None,
+                api_error: None,
+            }))
+        }
+        (Began::Generating { .. }, _) => unreachable!("a generation began for a prepared generation request"),
+    }
 }
 
 /// `chatcmpl-` / `cmpl-` and 24 hex digits: the response id, and the engine request id.

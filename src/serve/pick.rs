@@ -15,10 +15,13 @@ use crate::workers::snapshot::{Runtime, Worker};
 use crate::workers::{Candidates, WorkerId};
 
 /// Decisions go to regular HTTP workers of any engine (SGLang's through the System One
-/// translation, any other byte for byte to its own `/v1/decisions`); external APIs and gRPC
-/// workers do not serve them here.
+/// translation, any other byte for byte to its own `/v1/decisions`) and to SGLang gRPC
+/// workers (scored through the engine: serve/grpc.rs); external APIs do not serve them.
 fn decisions_eligible(w: &Worker) -> bool {
-    w.meta.runtime != Runtime::External && !w.url.grpc
+    match w.url.grpc {
+        true => w.meta.runtime == Runtime::Sglang,
+        false => w.meta.runtime != Runtime::External,
+    }
 }
 
 /// Whether `w` can serve the route: gRPC workers serve chat and completions (the gateway

@@ -5,12 +5,6 @@ use crate::contract::decisions::{Decision, QuestionKind};
 use crate::contract::json::Doc;
 use smg_wire::json::put_str;
 
-/// At most this many questions, and choices per `choice` question.
-pub const MAX_QUESTIONS: usize = 255;
-pub const MAX_CHOICES: usize = 255;
-/// Levels per `score` question (SGLang labels them 0–9).
-pub const MAX_LEVELS: usize = 10;
-
 /// Why SGLang cannot serve a request (`400 unsupported_decisions_request`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsupported(pub String);
@@ -36,7 +30,7 @@ pub struct PlannedQuestion {
 
 /// The System One body for `d` (whose model resolves to `model`) and its [`Plan`].
 pub fn translate(d: &Decision<'_>, model: &str) -> Result<(Vec<u8>, Plan), Unsupported> {
-    check(d)?;
+    crate::contract::decisions::sglang_refusal(d).map_err(Unsupported)?;
     let doc = &d.doc;
     let mut out = Vec::with_capacity(doc.src.len() + 64 * d.questions.len() + 64);
     out.extend_from_slice(b"{\"model\":");
@@ -124,39 +118,4 @@ fn choice_key(doc: &Doc<'_>, v: usize, taken: &[String]) -> String {
         return base;
     }
     (2..).map(|n| format!("{base} ({n})")).find(|k| !taken.contains(k)).expect("a free key")
-}
-
-/// The four families SGLang Decisions refuses, in the contract's order.
-fn check(d: &Decision<'_>) -> Result<(), Unsupported> {
-    let no = |m: String| Err(Unsupported(m));
-    if d.images > 0 {
-        return no(
-            "input_image parts are not supported on SGLang workers: SGLang Decisions takes text evidence only".into()
-        );
-    }
-    if d.unknown > 0 {
-        return no("fields SMG does not model are not supported on SGLang workers".into());
-    }
-    let doc = &d.doc;
-    let blank = |i: usize| doc.str(i).trim().is_empty();
-    if d.texts.is_empty() || d.texts.iter().any(|&t| blank(t)) {
-        return no("empty or whitespace-only text evidence is not supported on SGLang workers".into());
-    }
-    if let Some(i) = d.questions.iter().position(|q| blank(q.instructions)) {
-        return no(format!("questions[{i}].instructions is empty or whitespace-only"));
-    }
-    if d.questions.is_empty() || d.questions.len() > MAX_QUESTIONS {
-        return no(format!("SGLang workers take 1 to {MAX_QUESTIONS} questions, got {}", d.questions.len()));
-    }
-    for (i, q) in d.questions.iter().enumerate() {
-        let (max, what) = match q.kind {
-            QuestionKind::Predicate => continue,
-            QuestionKind::Choice => (MAX_CHOICES, "choices"),
-            QuestionKind::Score => (MAX_LEVELS, "levels"),
-        };
-        if q.options.is_empty() || q.options.len() > max {
-            return no(format!("questions[{i}]: SGLang workers take 1 to {max} {what}, got {}", q.options.len()));
-        }
-    }
-    Ok(())
 }

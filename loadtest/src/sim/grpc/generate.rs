@@ -10,7 +10,10 @@
 //!
 //! With return_logprob each token carries a log-probability and top_logprobs_num alternatives
 //! (`logprob_at`, `alternative_at`: reproducible, the sampled token ranked first), in its
-//! chunk when streaming and in GenerateComplete otherwise.
+//! chunk when streaming and in GenerateComplete otherwise. `token_ids_logprob` gets each
+//! GenerateComplete one row of those ids' raw log-probabilities per output position, or one
+//! row when nothing is generated (`max_new_tokens: 0`, prefill-only scoring, as Decisions on
+//! gRPC workers send it), from `token_id_logprob`.
 //!
 //! Faults: --fail-rate answers the status --fail-status maps to, or `custom_params.sim_error`
 //! ("RESOURCE_EXHAUSTED", "unavailable", "3"...) names one per request; --hang-rate never
@@ -70,6 +73,8 @@ struct Plan {
     spec: (u32, u32),
     /// `custom_params.sim_huge_tokens`.
     huge: u32,
+    /// The prompt's last token: what the first position's `token_ids_logprob` row follows.
+    last_prompt_id: u32,
 }
 
 pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse<Bytes>) {
@@ -190,6 +195,7 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         forced,
         spec: (number_param(&sp, "sim_spec_draft"), number_param(&sp, "sim_spec_accepted")),
         huge: number_param(&sp, "sim_huge_tokens"),
+        last_prompt_id: ids[ids.len() - 1],
     })
 }
 
@@ -288,6 +294,30 @@ fn logprobs_for(request_seed: u64, index: u32, k: u32, token: u32, top: u32, out
         }
         out.top_logprobs.push(t);
     }
+}
+
+/// The raw log-probability the simulated model gives token `id` right after token `context`
+/// (a `token_ids_logprob` entry): reproducible, in [-4, 0], unrelated for neighbouring ids.
+pub fn token_id_logprob(context: u32, id: u32) -> f32 {
+    let mut x = (u64::from(context) << 32 | u64::from(id)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 32;
+    -((x % 1000) as f32) / 250.0
+}
+
+/// `token_ids_logprob` rows: one per output position (one for a prefill-only call), each
+/// holding the requested ids after the token before that position.
+fn token_id_rows(req: &GenerateRequest, plan: &Plan, output: &[u32]) -> Vec<TopLogProbs> {
+    let positions = output.len().max(1);
+    (0..positions)
+        .map(|k| {
+            let context = if k == 0 { plan.last_prompt_id } else { output[k - 1] };
+            TopLogProbs {
+                values: req.token_ids_logprob.iter().map(|&id| token_id_logprob(context, id)).collect(),
+                token_ids: req.token_ids_logprob.clone(),
+            }
+        })
+        .collect()
 }
 
 /// One sample's progress.
@@ -438,7 +468,11 @@ fn finish_all(
     for (i, s) in samples.iter_mut().enumerate() {
         let (finish_reason, matched) = s.finished.unwrap_or((reason, None));
         // Streaming sent them with each token.
-        let output_logprobs = (req.return_logprob && !req.stream).then(|| std::mem::take(&mut s.logprobs));
+        let mut output_logprobs = (req.return_logprob && !req.stream).then(|| std::mem::take(&mut s.logprobs));
+        if req.return_logprob && !req.token_ids_logprob.is_empty() {
+            output_logprobs.get_or_insert_with(Default::default).token_ids_logprobs =
+                token_id_rows(req, plan, &s.output);
+        }
         let complete = GenerateComplete {
             output_logprobs,
             output_ids: std::mem::take(&mut s.output),
@@ -512,7 +546,7 @@ fn describe(req: &GenerateRequest) -> String {
         None => "null".into(),
     };
     format!(
-        "{{\"request_id\":{},\"input_tokens\":{ids},\"stream\":{},\"n\":{},\"max_new_tokens\":{},\"temperature\":{},\"top_p\":{},\"top_k\":{},\"min_p\":{},\"frequency_penalty\":{},\"presence_penalty\":{},\"repetition_penalty\":{},\"stop\":[{}],\"stop_token_ids\":[{}],\"skip_special_tokens\":{},\"spaces_between_special_tokens\":{},\"ignore_eos\":{},\"no_stop_trim\":{},\"min_new_tokens\":{},\"constraint\":{constraint},\"constraint_text\":{constraint_text},\"return_logprob\":{},\"top_logprobs_num\":{},\"data_parallel_rank\":{},\"require_reasoning\":{}}}",
+        "{{\"request_id\":{},\"input_tokens\":{ids},\"stream\":{},\"n\":{},\"max_new_tokens\":{},\"temperature\":{},\"top_p\":{},\"top_k\":{},\"min_p\":{},\"frequency_penalty\":{},\"presence_penalty\":{},\"repetition_penalty\":{},\"stop\":[{}],\"stop_token_ids\":[{}],\"skip_special_tokens\":{},\"spaces_between_special_tokens\":{},\"ignore_eos\":{},\"no_stop_trim\":{},\"min_new_tokens\":{},\"constraint\":{constraint},\"constraint_text\":{constraint_text},\"return_logprob\":{},\"top_logprobs_num\":{},\"logprob_start_len\":{},\"token_ids_logprob\":[{}],\"data_parallel_rank\":{},\"require_reasoning\":{}}}",
         q(&req.request_id),
         req.stream,
         sp.n,
@@ -533,6 +567,8 @@ fn describe(req: &GenerateRequest) -> String {
         sp.min_new_tokens,
         req.return_logprob,
         req.top_logprobs_num,
+        req.logprob_start_len,
+        req.token_ids_logprob.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
         opt(req.data_parallel_rank.map(|v| v.to_string())),
         req.require_reasoning,
     )

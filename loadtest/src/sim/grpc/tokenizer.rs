@@ -39,6 +39,10 @@ const WORDS: &[&str] = &[
     "night", "morning", "good", "new", "first", "last", "long", "great", "little", "right", "old", "big", "high",
 ];
 
+/// Words of the vocabulary the simulated model never says on its own: Decisions' answer
+/// labels (`yes`; `no` is a prefix of `not`), one token each, as in a real model's vocabulary.
+const LABEL_WORDS: &[&str] = &["yes"];
+
 /// The ChatML template, written for this simulator (Jinja, as HF chat templates are).
 const CHAT_TEMPLATE: &str = "{%- for message in messages -%}\
 {{- '<|im_start|>' + message['role'] + '\\n' -}}\
@@ -78,7 +82,7 @@ fn vocab() -> &'static Vocab {
         let mut merges = Vec::new();
         let mut word_ids = Vec::new();
         let mut bare_ids = Vec::new();
-        for word in WORDS {
+        for (w, word) in WORDS.iter().chain(LABEL_WORDS).enumerate() {
             for spelled in [word.to_string(), format!(" {word}")] {
                 let chars: Vec<String> = spelled.bytes().map(|b| byte_char(b).to_string()).collect();
                 let mut acc = chars[0].clone();
@@ -91,6 +95,9 @@ fn vocab() -> &'static Vocab {
                     acc = merged;
                 }
                 let id = tokens.iter().position(|t| *t == acc).unwrap_or(0) as u32;
+                if w >= WORDS.len() {
+                    continue;
+                }
                 if spelled.starts_with(' ') {
                     word_ids.push(id);
                 } else {
@@ -239,7 +246,14 @@ pub fn ensure_dir(requested: Option<&Path>) -> io::Result<PathBuf> {
     }
     DEFAULT
         .get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("smg-sim-tokenizer-{}", std::process::id()));
+            // Named by content, not by process: every run writes the same files (atomically,
+            // so processes may share the directory), and a test suite leaves one behind, not
+            // one per process.
+            let hash = files()
+                .iter()
+                .flat_map(|(name, body)| name.bytes().chain(body.bytes()))
+                .fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3));
+            let dir = std::env::temp_dir().join(format!("smg-sim-tokenizer-{hash:016x}"));
             write_to(&dir).map(|_| dir).map_err(|e| e.to_string())
         })
         .clone()
@@ -269,6 +283,8 @@ mod tests {
         assert_eq!(token_text(IM_END_ID), IM_END);
         assert_eq!(token_text(byte_id(b'x')), "x");
         assert!(vocab_size() > 500 && vocab_size() < 2000, "{}", vocab_size());
+        assert!(!ids.iter().any(|&i| token_text(i) == " yes"), "label words are not said");
+        assert!((0..vocab_size() as u32).any(|i| token_text(i) == "yes"), "but they are tokens");
         let spelled: String = " the".bytes().map(byte_char).collect();
         assert_eq!(spelled, "Ġthe");
     }
