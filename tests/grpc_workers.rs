@@ -975,3 +975,52 @@ fn routes_grpc_workers_do_not_take_go_to_http_workers_or_answer_the_contracts_co
         assert_eq!(r.json()["error"]["code"].as_str(), Some("audio_transcription_model_not_supported"));
     });
 }
+
+/// An embedding model's gRPC workers (`is_generation: false`) serve `/v1/embeddings` through
+/// the Embed RPC, one call per input: the vectors come back in input order, as floats or
+/// base64, truncated to `dimensions`; a generation model's gRPC workers do not embed.
+#[test]
+fn an_embedding_models_grpc_workers_embed_each_input_in_order() {
+    use smg_loadtest::sim::grpc::embed::vector;
+    both_drivers(|legacy| {
+        let emb = Sim::start("embed-model", &["--grpc", "--is-embedding", "--embedding-dim", "8"]);
+        let gen = Sim::start("gen-model", FAST);
+        let gw = support::sim::grpc_gateway(legacy, &[&emb, &gen], &[]);
+        let r = post(gw.port, "/v1/embeddings", r#"{"model":"embed-model","input":[[5,6,7],[8,9]]}"#, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(emb.grpc_url().as_str()));
+        let v = r.json();
+        assert_eq!(v["object"].as_str(), Some("list"));
+        assert_eq!(v["model"].as_str(), Some("embed-model"));
+        let data = v["data"].as_array().unwrap();
+        assert_eq!(data.len(), 2);
+        for (i, ids) in [&[5u32, 6, 7][..], &[8, 9]].iter().enumerate() {
+            assert_eq!(data[i]["index"].as_u64(), Some(i as u64));
+            let got: Vec<f32> =
+                data[i]["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+            assert_eq!(got, vector(ids, 8), "input {i}: the engine's vector, in input order");
+        }
+        assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(5));
+        assert_eq!(v["usage"]["total_tokens"].as_u64(), Some(5));
+        // Text is tokenized by the gateway; base64 is the little-endian f32s; dimensions truncate.
+        let r = post(
+            gw.port,
+            "/v1/embeddings",
+            r#"{"model":"embed-model","input":"hello world","encoding_format":"base64","dimensions":4}"#,
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let b64 = r.json()["data"][0]["embedding"].as_str().unwrap().to_string();
+        assert_eq!(b64.len(), 24, "4 floats: 16 bytes of base64 ({b64})");
+        assert!(r.json()["usage"]["prompt_tokens"].as_u64().unwrap() >= 2, "{}", r.text());
+        let r = post(gw.port, "/v1/embeddings", r#"{"model":"embed-model","input":[]}"#, &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let r = post(gw.port, "/v1/embeddings", r#"{"model":"embed-model","input":"x","dimensions":9}"#, &[]);
+        assert_eq!(r.status, 400, "more dimensions than the model has: {}", r.text());
+        // A generation model's gRPC workers do not embed: the contract's code, not a 501.
+        let r = post(gw.port, "/v1/embeddings", r#"{"model":"gen-model","input":"x"}"#, &[]);
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("no_available_workers"));
+        assert_eq!(gen.served(), 0);
+    });
+}

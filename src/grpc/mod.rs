@@ -6,6 +6,7 @@
 //! - `bundle`: GetTokenizer's zip archive;
 //! - `conn`: a shard's multiplexed h2 connection per worker, over monoio's poll-io bridge;
 //! - `decisions`: a Decisions request as one scoring call per question, and its answer;
+//! - `embeddings`: an embeddings request as one Embed call per input, and the list;
 //! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
 //! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages, with
 //!   `logprobs`' token log-probabilities;
@@ -18,6 +19,7 @@ pub(crate) mod assemble;
 pub mod bundle;
 pub mod conn;
 pub mod decisions;
+pub mod embeddings;
 pub mod logprobs;
 pub mod model;
 pub mod output;

@@ -26,6 +26,8 @@ pub struct GrpcModel {
     pub max_context: Option<u32>,
     pub eos_ids: Vec<u32>,
     pub supports_vision: bool,
+    /// GetModelInfo's `is_generation`: false for an embedding model (the engine serves Embed).
+    pub is_generation: bool,
     pub defaults: SamplingDefaults,
     /// The reasoning and tool-call parsers of its output.
     pub parsers: super::output::ModelParsers,

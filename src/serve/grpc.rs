@@ -19,7 +19,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use smg_proto::paths::sglang_scheduler as path;
 use smg_proto::scheduler::{
-    generate_response, AbortRequest, AbortResponse, GenerateRequest, GenerateResponse, TokenizedInput,
+    generate_response, AbortRequest, AbortResponse, EmbedResponse, GenerateRequest, GenerateResponse, TokenizedInput,
 };
 use smg_wire::num::put_hex_width;
 
@@ -33,6 +33,7 @@ use crate::contract::Endpoint;
 use crate::grpc::assemble::{Answer, Assembler, Step};
 use crate::grpc::conn::{self, Call, Limits};
 use crate::grpc::decisions::{self, Questions, Scoring};
+use crate::grpc::embeddings::{self, Embeddings};
 use crate::grpc::model::GrpcModel;
 use crate::grpc::output::PassThrough;
 use crate::grpc::reply::Meta;
@@ -79,6 +80,8 @@ enum Route {
     Generate { kind: Kind, doc: sonic_rs::Value, prepared: Option<(Arc<GrpcModel>, Prepared)> },
     /// Decisions: every question's labels scored, nothing generated (src/grpc/decisions.rs).
     Score { questions: Questions, prepared: Option<(Arc<GrpcModel>, Scoring)> },
+    /// Embeddings: one Embed call per input (src/grpc/embeddings.rs).
+    Embed { req: Embeddings, prepared: Option<(Arc<GrpcModel>, Vec<Vec<u32>>)> },
 }
 
 impl GrpcRequest {
@@ -90,6 +93,9 @@ impl GrpcRequest {
             Some(Endpoint::Decisions) => {
                 let questions = decisions::read(body, model.unwrap_or("")).map_err(refused)?;
                 Route::Score { questions, prepared: None }
+            }
+            _ if spec.path == EMBEDDINGS => {
+                Route::Embed { req: embeddings::read(body, model.unwrap_or("")).map_err(refused)?, prepared: None }
             }
             _ => {
                 // Pick gives gRPC workers chat, completions and Decisions only (serve/pick.rs).
@@ -114,6 +120,7 @@ impl GrpcRequest {
             Route::Score { prepared, .. } => {
                 prepared.as_ref().and_then(|(_, s)| s.prompts.first()).map(|p| p.ids.as_slice())
             }
+            Route::Embed { prepared, .. } => prepared.as_ref().and_then(|(_, p)| p.first()).map(Vec::as_slice),
         }
     }
 
@@ -132,10 +139,18 @@ impl GrpcRequest {
                     *prepared = Some((Arc::clone(model), questions.prepare(model).map_err(refused)?));
                 }
             }
+            Route::Embed { req, prepared } => {
+                if fresh(prepared.as_ref().map(|(m, _)| m)) {
+                    *prepared = Some((Arc::clone(model), req.prepare(model).map_err(refused)?));
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// The embeddings route, the one gRPC workers take without a contract schema.
+pub const EMBEDDINGS: &str = "/v1/embeddings";
 
 fn kind_of(spec: &EndpointSpec) -> Option<Kind> {
     match spec.schema {
@@ -152,7 +167,7 @@ pub fn early(shard: &Shard, spec: &EndpointSpec, ctx: &RequestCtx, body: &[u8]) 
     if !shard.cfg().routing.policy.uses_text() {
         return None;
     }
-    if kind_of(spec).is_none() && spec.schema != Some(Endpoint::Decisions) {
+    if kind_of(spec).is_none() && spec.schema != Some(Endpoint::Decisions) && spec.path != EMBEDDINGS {
         return None;
     }
     let snap = shard.snapshot();
@@ -164,12 +179,22 @@ pub fn early(shard: &Shard, spec: &EndpointSpec, ctx: &RequestCtx, body: &[u8]) 
 }
 
 /// An attempt that the engine took: generation started (the calls and their first
-/// messages), or every Decisions question scored (the answer, with its input tokens).
+/// messages), or a whole answer made (Decisions, embeddings).
 pub struct Begun(Began);
 
 enum Began {
-    Generating { target: Target, started: Started, id: String },
-    Scored { worker: WorkerId, body: Vec<u8>, input_tokens: u64 },
+    Generating {
+        target: Target,
+        started: Started,
+        id: String,
+    },
+    /// Answered whole by the engine (Decisions scored, inputs embedded): the body, with the
+    /// input tokens it counts.
+    Whole {
+        worker: WorkerId,
+        body: Vec<u8>,
+        input_tokens: u64,
+    },
 }
 
 /// Phase: attempt, on a gRPC worker (picked). Prepares the request for the worker's model,
@@ -223,13 +248,61 @@ pub async fn attempt(
                         return Err(AttemptError::Failed(Failure::Rejected(e)));
                     };
                     let (body, input_tokens) = decisions::answer(questions, &rows);
-                    Ok(Begun(Began::Scored { worker: wid, body, input_tokens }))
+                    Ok(Begun(Began::Whole { worker: wid, body, input_tokens }))
                 }
                 Ok(None) => Err(AttemptError::ClientGone),
                 Err(s) => Err(engine_failed(s)),
             }
         }
+        Route::Embed { req, prepared } => {
+            let (_, inputs) = prepared.as_ref().expect("prepared");
+            match embed(&mut target, client, inputs, &id, limits).await {
+                Ok(Some(vectors)) => match embeddings::answer(req, &vectors) {
+                    Ok((body, input_tokens)) => Ok(Begun(Began::Whole { worker: wid, body, input_tokens })),
+                    Err(r) => Err(AttemptError::Failed(Failure::Rejected(ApiError::new(r.status, r.code, r.message)))),
+                },
+                Ok(None) => Err(AttemptError::ClientGone),
+                Err(s) => Err(engine_failed(s)),
+            }
+        }
     }
+}
+
+/// Sends one Embed call per input and reads each one's vector, watching the client.
+/// Ok(None): the client left (an Embed call has nothing to abort: it is dropped).
+async fn embed(
+    target: &mut Target,
+    client: &Client,
+    inputs: &[Vec<u32>],
+    id: &str,
+    limits: Limits,
+) -> Result<Option<Vec<EmbedResponse>>, Status> {
+    let mut calls = Vec::with_capacity(inputs.len());
+    for (i, ids) in inputs.iter().enumerate() {
+        let req = embeddings::engine_request(ids, format!("{id}-{i}"), target.dp_rank);
+        let mut send = target.send.clone().ready().await.map_err(wire::transport)?;
+        let mut call = Call::start(&mut send, &target.authority, path::EMBED, &req).await?;
+        call.limit(limits);
+        calls.push(call);
+    }
+    let mut vectors = Vec::with_capacity(calls.len());
+    for call in &mut calls {
+        let msg = monoio::select! {
+            m = call.next::<EmbedResponse>() => m,
+            closed = peer_closed(&client.stream) => {
+                if closed {
+                    return Ok(None);
+                }
+                call.next::<EmbedResponse>().await
+            }
+        };
+        match msg {
+            Some(Ok(v)) => vectors.push(v),
+            Some(Err(s)) => return Err(s),
+            None => return Err(Status::new(Code::INTERNAL, "the engine ended the call without a message")),
+        }
+    }
+    Ok(Some(vectors))
 }
 
 /// Sends one scoring call per question and reads each one's answer, watching the client.
@@ -296,9 +369,9 @@ pub async fn relay(
         (Began::Generating { target, started, id }, Route::Generate { kind, prepared: Some((model, prep)), .. }) => {
             respond(shard, client, head, ctx, *kind, model, prep, &id, target, started).await
         }
-        (Began::Scored { worker, body, input_tokens }, _) => {
+        (Began::Whole { worker, body, input_tokens }, _) => {
             ctx.judge(worker, Verdict::Success);
-            // A tenant budget is trued up to the prompts the engine scored (no output tokens).
+            // A tenant budget is trued up to the prompts the engine read (no output tokens).
             ctx.used_tokens = Some(input_tokens);
             Ok(Outcome::Control(AdminReply {
                 status: 200,

@@ -275,6 +275,7 @@ pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &ModelSource) 
         max_context: u32::try_from(info.max_context_length).ok().filter(|&n| n > 0),
         eos_ids: info.eos_token_ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect(),
         supports_vision: info.supports_vision,
+        is_generation: info.is_generation,
         defaults: SamplingDefaults::parse(&defaults_json),
         parsers: parsers_of(source, &[&info.served_model_name, &info.model_path]),
     };

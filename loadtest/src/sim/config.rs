@@ -180,6 +180,11 @@ pub struct SimArgs {
     /// offer a `get_weather` tool get it back as `tool_calls` from a gateway with that parser.
     #[arg(long, requires = "grpc")]
     pub tool_call_markup: Option<String>,
+    /// With --grpc: an embedding model, as SGLang's `--is-embedding` serves one. GetModelInfo
+    /// says `is_generation: false`, the Embed RPC answers a vector of --embedding-dim floats
+    /// (reproducible from the input ids: `embed::vector`), and Generate is refused.
+    #[arg(long, requires = "grpc")]
+    pub is_embedding: bool,
 }
 
 /// The --grpc mode of a worker.
@@ -193,6 +198,8 @@ pub struct GrpcSpec {
     pub llama: Option<std::net::SocketAddr>,
     /// `--reasoning-markup` / `--tool-call-markup`: the families answers are written in.
     pub markup: (Option<String>, Option<String>),
+    /// `--is-embedding`.
+    pub embedding: bool,
 }
 
 /// Timing knobs of one worker; `Copy` so the control endpoint can swap them in a `Cell`.

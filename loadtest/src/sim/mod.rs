@@ -49,7 +49,13 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         grpc::markup::check(&markup)?;
         for s in &mut specs {
             let (tokenizer_dir, advertised_path) = (dir.clone(), advertised_path.clone());
-            s.grpc = Some(config::GrpcSpec { tokenizer_dir, advertised_path, llama, markup: markup.clone() });
+            s.grpc = Some(config::GrpcSpec {
+                tokenizer_dir,
+                advertised_path,
+                llama,
+                markup: markup.clone(),
+                embedding: args.is_embedding,
+            });
         }
     }
     let threads = args.threads.clamp(1, specs.len());

@@ -23,6 +23,7 @@ fn model() -> &'static GrpcModel {
             max_context: None,
             eos_ids: vec![sim::IM_END_ID],
             supports_vision: false,
+            is_generation: true,
             defaults: Default::default(),
             parsers: Default::default(),
         }

@@ -21,6 +21,7 @@ fn model_with(template: Option<&str>) -> GrpcModel {
         max_context: Some(4096),
         eos_ids: vec![sim::IM_END_ID],
         supports_vision: false,
+        is_generation: true,
         defaults: Default::default(),
         parsers: Default::default(),
     }

@@ -35,7 +35,7 @@ pub fn model_info(w: &Worker, _: GetModelInfoRequest) -> Result<GetModelInfoResp
         // The model's files are the tokenizer directory (it also holds a config.json).
         model_path: dir.clone(),
         tokenizer_path: dir,
-        is_generation: true,
+        is_generation: !w.grpc.as_ref().is_some_and(|g| g.embedding),
         preferred_sampling_params: String::new(),
         weight_version: "default".into(),
         served_model_name: w.model.clone(),

@@ -15,6 +15,7 @@
 //! - `markup`: answers in a model family's reasoning and tool-call markup.
 
 pub mod bundle;
+pub mod embed;
 pub mod generate;
 pub mod info;
 pub mod llama;

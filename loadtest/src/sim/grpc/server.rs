@@ -10,7 +10,7 @@ use prost::Message;
 use smg_proto::paths::sglang_scheduler as path;
 
 use crate::sim::grpc::wire::{self, Code, Status};
-use crate::sim::grpc::{bundle, generate, info};
+use crate::sim::grpc::{bundle, embed, generate, info};
 use crate::sim::worker::{bump, Worker};
 
 /// Per-stream and per-connection receive windows: h2's 64 KiB defaults would make a gateway
@@ -61,7 +61,11 @@ async fn call(w: Rc<Worker>, path: String, mut body: RecvStream, respond: SendRe
     let method = path.rsplit('/').next().unwrap_or("");
     w.grpc_state.count_rpc(method);
     match path.as_str() {
+        path::GENERATE if w.grpc.as_ref().is_some_and(|g| g.embedding) => {
+            wire::reject(respond, &Status::new(Code::INVALID_ARGUMENT, "This model does not support generation"))
+        }
         path::GENERATE => generate::run(&w, body, respond).await,
+        path::EMBED => unary(&mut body, respond, |r| embed::embed(&w, r)).await,
         path::HEALTH_CHECK => unary(&mut body, respond, |r| info::health_check(&w, r)).await,
         path::GET_MODEL_INFO => unary(&mut body, respond, |r| info::model_info(&w, r)).await,
         path::GET_SERVER_INFO => unary(&mut body, respond, |r| info::server_info(&w, r)).await,

@@ -69,6 +69,8 @@ pub struct Worker {
     pub model_info_body: Vec<u8>,
     pub server_info_body: Vec<u8>,
     pub embedding_json: String,
+    /// Length of the vectors embeddings return (HTTP `/v1/embeddings`, gRPC Embed).
+    pub embedding_dim: usize,
     /// Open connections by id, so a dying worker can shut them all down like a crashed process would.
     pub conns: RefCell<HashMap<u64, RawFd>>,
     /// Cancels the accept loop's pending accept when the worker dies.
@@ -138,6 +140,7 @@ impl Worker {
             model_info_body,
             server_info_body,
             embedding_json,
+            embedding_dim: spec.embedding_dim.max(1),
             conns: RefCell::new(HashMap::new()),
             accept_cancel: RefCell::new(monoio::io::Canceller::new()),
             next_conn: Cell::new(0),
