@@ -928,8 +928,8 @@ fn a_model_on_grpc_and_http_workers_fails_over_from_http_to_grpc() {
     both_drivers(|legacy| fails_over_across_protocols(legacy, false));
 }
 
-/// Routes gRPC workers do not take (anything but chat, completions and Decisions) go to a
-/// model's HTTP workers; a model with gRPC workers only answers the contract's code for the
+/// Routes gRPC workers do not take (embeddings of a generation model, say) go to a model's
+/// HTTP workers; a model with gRPC workers only answers the contract's code for the
 /// route, never a 501 of the gateway's own.
 #[test]
 fn routes_grpc_workers_do_not_take_go_to_http_workers_or_answer_the_contracts_code() {
@@ -941,9 +941,10 @@ fn routes_grpc_workers_do_not_take_go_to_http_workers_or_answer_the_contracts_co
         let args = ["--worker-urls", &h, &g, &o, "--cores", "2", "--policy", "round_robin"];
         let gw = Gateway::start(legacy, &args);
         gw.ready_workers(3);
-        let generate = format!(r#"{{"model":"{MODEL}","text":"hello","sampling_params":{{"max_new_tokens":3}}}}"#);
+        // A generation model's gRPC workers do not embed.
+        let embed = format!(r#"{{"model":"{MODEL}","input":"hello"}}"#);
         for _ in 0..6 {
-            let r = post(gw.port, "/generate", &generate, &[]);
+            let r = post(gw.port, "/v1/embeddings", &embed, &[]);
             assert_eq!(r.status, 200, "{}", r.text());
             assert_eq!(r.header("x-smg-routed-worker-id"), Some(http.url().as_str()));
         }
@@ -953,8 +954,8 @@ fn routes_grpc_workers_do_not_take_go_to_http_workers_or_answer_the_contracts_co
             .map(|r| r.header("x-smg-routed-worker-id").unwrap().to_string())
             .collect();
         assert_eq!(seen.len(), 2, "{seen:?}");
-        let only_gen = r#"{"model":"grpc-only-model","text":"hello"}"#;
-        let r = post(gw.port, "/generate", only_gen, &[]);
+        let only_embed = r#"{"model":"grpc-only-model","input":"hello"}"#;
+        let r = post(gw.port, "/v1/embeddings", only_embed, &[]);
         assert_eq!(r.status, 503, "{}", r.text());
         assert_eq!(r.json()["error"]["code"].as_str(), Some("no_available_workers"));
         // Decisions are scored through a gRPC worker's engine (tests/decisions.rs has the rest).
@@ -1022,5 +1023,102 @@ fn an_embedding_models_grpc_workers_embed_each_input_in_order() {
         assert_eq!(r.status, 503, "{}", r.text());
         assert_eq!(r.json()["error"]["code"].as_str(), Some("no_available_workers"));
         assert_eq!(gen.served(), 0);
+    });
+}
+
+/// SGLang's native `/generate` on gRPC workers: `text` or `input_ids` (batched too), SGLang's
+/// `sampling_params`, and SGLang's answer shape (`text`, `output_ids`, `meta_info` with its
+/// finish reason, counts and log-probability triples); streamed, each event carries the
+/// sample's whole text so far and its new ids.
+#[test]
+fn generate_speaks_sglangs_native_shape_on_grpc_workers() {
+    use smg_loadtest::sim::grpc::tokenizer::{token_text, IM_END_ID};
+    let text_of = |ids: &sonic_rs::Value| -> String {
+        ids.as_array().unwrap().iter().map(|i| token_text(i.as_u64().unwrap() as u32)).collect()
+    };
+    both_drivers(|legacy| {
+        let sim = Sim::start(MODEL, FAST);
+        let gw = support::sim::grpc_gateway(legacy, &[&sim], &[]);
+        let r = post(
+            gw.port,
+            "/generate",
+            r#"{"text":"hello","sampling_params":{"max_new_tokens":4,"temperature":0}}"#,
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(sim.grpc_url().as_str()));
+        let v = r.json();
+        assert_eq!(v["output_ids"].as_array().unwrap().len(), 4);
+        assert_eq!(v["text"].as_str(), Some(text_of(&v["output_ids"]).as_str()), "the ids, decoded");
+        let m = &v["meta_info"];
+        assert!(m["id"].as_str().unwrap().starts_with("gnt-"), "{m:?}");
+        assert_eq!(
+            (m["finish_reason"]["type"].as_str(), m["finish_reason"]["length"].as_u64()),
+            (Some("length"), Some(4))
+        );
+        assert_eq!(m["completion_tokens"].as_u64(), Some(4));
+        assert!(m["prompt_tokens"].as_u64().unwrap() > 0);
+        let last = &sim.stats()["grpc"]["last_generate"];
+        assert_eq!((last["max_new_tokens"].as_u64(), last["temperature"].as_f64()), (Some(4), Some(0.0)), "{last:?}");
+
+        // The model's own end: a stop, naming the token the engine matched.
+        let r = post(gw.port, "/generate", r#"{"input_ids":[5,6,7]}"#, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let f = &r.json()["meta_info"]["finish_reason"];
+        assert_eq!((f["type"].as_str(), f["matched"].as_u64()), (Some("stop"), Some(u64::from(IM_END_ID))), "{f:?}");
+
+        // A batch of two prompts, two samples each: four objects in order, named by index.
+        let r = post(
+            gw.port,
+            "/generate",
+            r#"{"input_ids":[[5,6],[7,8]],"sampling_params":{"max_new_tokens":2,"n":2}}"#,
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let all = r.json();
+        let all = all.as_array().expect("an array for several samples");
+        assert_eq!(all.len(), 4);
+        for (i, s) in all.iter().enumerate() {
+            assert!(s["meta_info"]["id"].as_str().unwrap().ends_with(&format!("-{i}")), "{s:?}");
+            assert_eq!(s["meta_info"]["prompt_tokens"].as_u64(), Some(2));
+        }
+
+        // Log-probabilities: one [logprob, id, null] per output token, with alternatives.
+        let r = post(
+            gw.port,
+            "/generate",
+            r#"{"text":"hi","return_logprob":true,"top_logprobs_num":2,"sampling_params":{"max_new_tokens":3}}"#,
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let lp = v["meta_info"]["output_token_logprobs"].as_array().unwrap();
+        assert_eq!(lp.len(), 3);
+        for (k, t) in lp.iter().enumerate() {
+            assert_eq!(t[1].as_u64(), v["output_ids"][k].as_u64());
+            assert!(t[0].as_f64().unwrap() <= 0.0 && t[2].is_null());
+            assert_eq!(v["meta_info"]["output_top_logprobs"][k].as_array().unwrap().len(), 2);
+        }
+
+        // Streamed: the whole text so far in every event, the new ids, the finish at the end.
+        let r =
+            post(gw.port, "/generate", r#"{"text":"hello","stream":true,"sampling_params":{"max_new_tokens":3}}"#, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let evs = json_events(&r);
+        // One event per token, then the finish (the engine's GenerateComplete), as SMG sends.
+        assert_eq!(evs.len(), 4, "{}", r.text());
+        let mut ids = Vec::new();
+        for (k, e) in evs.iter().enumerate() {
+            ids.extend(e["output_ids"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32));
+            let so_far: String = ids.iter().map(|&i| token_text(i)).collect();
+            assert_eq!(e["text"].as_str(), Some(so_far.as_str()), "event {k}");
+            assert_eq!(e["index"].as_u64(), Some(0));
+            assert_eq!(e["meta_info"]["finish_reason"].is_null(), k < 3, "event {k}");
+        }
+        assert_eq!(ids.len(), 3);
+        assert_eq!(evs[3]["meta_info"]["finish_reason"]["type"].as_str(), Some("length"));
+
+        let r = post(gw.port, "/generate", r#"{"text":"a","input_ids":[1]}"#, &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
     });
 }

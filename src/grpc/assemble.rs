@@ -11,9 +11,11 @@
 //! Nothing is allocated per token: a message's text, the decoder's scratch, the parsed
 //! output, the logprobs JSON and the event buffer are reused for the whole response.
 
+use smg_proto::scheduler::generate_complete::MatchedStop;
 use smg_proto::scheduler::{generate_response, GenerateResponse, OutputLogProbs};
 
 use super::logprobs::{self, Entry, Offset};
+use super::native::{self, Finish, Matched, Sample};
 use super::output::OutputParser;
 use super::reply::{self, CallOut, Choice, ChunkUsage, Delta, Meta, Usage};
 use super::request::{Kind, Prepared};
@@ -77,6 +79,10 @@ struct ChoiceState<'a> {
     /// Log-probabilities of tokens whose text has not been sent yet.
     lp: Vec<Entry>,
     lp_offset: Offset,
+    /// `/generate`: the sample's output ids (all of them; a stream's latest message's), and
+    /// the stop the engine matched.
+    ids: Vec<u32>,
+    matched: Option<MatchedStop>,
 }
 
 impl ChoiceState<'_> {
@@ -141,6 +147,35 @@ fn usage_of(choices: &[ChoiceState<'_>], counts: &[PromptCounts]) -> Usage {
     }
 }
 
+/// `/generate`'s view of a sample: its text, ids, counts and (once it ended) finish reason.
+fn native_sample<'s>(
+    st: &'s ChoiceState<'_>,
+    id: &'s str,
+    counts: PromptCounts,
+    logprobs: Option<u32>,
+    index: Option<u32>,
+) -> Sample<'s> {
+    let finish = st.finish.as_deref().map(|f| match f {
+        "stop" => Finish::Stop(match st.stop.matched() {
+            Some(s) => Some(Matched::Text(s)),
+            None => st.matched.as_ref().map(Matched::of),
+        }),
+        "length" => Finish::Length(st.completion),
+        _ => Finish::Abort,
+    });
+    Sample {
+        id,
+        text: &st.text,
+        output_ids: &st.ids,
+        finish,
+        prompt_tokens: counts.prompt,
+        completion_tokens: st.completion,
+        cached_tokens: counts.cached,
+        logprobs: logprobs.map(|top| (st.lp.as_slice(), top)),
+        index,
+    }
+}
+
 // === impl Assembler ===
 
 /// One response's assembly, from the first engine message to the last event or body.
@@ -164,6 +199,8 @@ pub(crate) struct Assembler<'a> {
     calls: Vec<CallOut>,
     /// A chunk's `logprobs` JSON.
     lp_json: Vec<u8>,
+    /// `/generate`: each sample's `meta_info.id`.
+    sample_ids: Vec<String>,
 }
 
 impl<'a> Assembler<'a> {
@@ -182,7 +219,7 @@ impl<'a> Assembler<'a> {
             .map(|i| ChoiceState {
                 // A completion continues its prompt; a chat reply starts a message.
                 decoder: match kind {
-                    Kind::Completions => tok.decoder(prep.skip_special).continuing(),
+                    Kind::Completions | Kind::Generate => tok.decoder(prep.skip_special).continuing(),
                     Kind::Chat => tok.decoder(prep.skip_special),
                 },
                 stop: StopMatcher::new(&prep.stop, prep.no_stop_trim),
@@ -201,8 +238,18 @@ impl<'a> Assembler<'a> {
                 lp: Vec::new(),
                 // Completions' echo: the prompt's text starts each of its choices' offsets.
                 lp_offset: Offset(prep.echo.get(i / n).map_or(0, |e| e.chars().count() as u64)),
+                ids: Vec::new(),
+                matched: None,
             })
             .collect();
+        // `/generate`: a lone sample is named by the response id, each of several by its index.
+        let sample_ids = match kind {
+            Kind::Generate if n * prep.prompts.len() > 1 => {
+                (0..n * prep.prompts.len()).map(|i| format!("{}-{i}", meta.id)).collect()
+            }
+            Kind::Generate => vec![meta.id.to_owned()],
+            _ => Vec::new(),
+        };
         Assembler {
             prep,
             tok,
@@ -217,6 +264,7 @@ impl<'a> Assembler<'a> {
             parsed: Parsed::default(),
             calls: Vec::new(),
             lp_json: Vec::new(),
+            sample_ids,
         }
     }
 
@@ -246,6 +294,10 @@ impl<'a> Assembler<'a> {
                 let Some(st) = self.choices.get_mut(i).filter(|st| st.finish.is_none()) else { return Step::Next };
                 st.completion = c.completion_tokens as u64;
                 st.reasoning = c.reasoning_tokens as u64;
+                if self.meta.kind == Kind::Generate {
+                    st.ids.clear();
+                    st.ids.extend_from_slice(&c.token_ids);
+                }
                 let taken = st.feed(&c.token_ids, &mut self.text, &mut self.piece);
                 if prep.logprobs.is_some() {
                     st.keep_logprobs(c.output_logprobs.as_ref(), taken);
@@ -272,6 +324,14 @@ impl<'a> Assembler<'a> {
                 st.engine_done = true;
                 if st.finish.is_some() {
                     return Step::Next;
+                }
+                if self.meta.kind == Kind::Generate {
+                    // Streaming: the chunks brought every id already.
+                    st.ids.clear();
+                    if !prep.stream {
+                        st.ids.extend_from_slice(&c.output_ids);
+                    }
+                    st.matched = c.matched_stop.clone();
                 }
                 // Streaming: the tokens came in chunks; the whole output otherwise.
                 if !prep.stream {
@@ -306,6 +366,9 @@ impl<'a> Assembler<'a> {
     /// Choice `i` released `self.text` (and may have finished): through its parser, then into
     /// an SSE chunk or its whole text.
     fn release(&mut self, i: usize) {
+        if self.meta.kind == Kind::Generate {
+            return self.release_native(i);
+        }
         let prep = self.prep;
         self.parsed.clear();
         self.calls.clear();
@@ -394,6 +457,22 @@ impl<'a> Assembler<'a> {
         }
     }
 
+    /// `/generate`'s release: the text joins the sample's whole text; streamed, an event with
+    /// that text, the message's ids and (at the end) the finish reason.
+    fn release_native(&mut self, i: usize) {
+        let prep = self.prep;
+        let st = &mut self.choices[i];
+        st.text.push_str(&self.text);
+        if !prep.stream {
+            return;
+        }
+        let counts = self.counts[i / self.n];
+        let st = &self.choices[i];
+        let sample = native_sample(st, &self.sample_ids[i], counts, prep.logprobs, Some(i as u32));
+        native::event(&mut self.events, &sample);
+        self.choices[i].lp.clear();
+    }
+
     /// The engine's calls all ended. Err: some choice never finished (the engine ended a call
     /// early); the caller then fails the response.
     pub(crate) fn finish(&mut self) -> Result<Answer, Status> {
@@ -402,6 +481,16 @@ impl<'a> Assembler<'a> {
         }
         let (prep, kind, n) = (self.prep, self.meta.kind, self.n);
         let usage = self.usage();
+        if kind == Kind::Generate {
+            if prep.stream {
+                self.events.extend_from_slice(reply::DONE);
+                return Ok(Answer::Events);
+            }
+            let samples: Vec<Sample<'_>> = (0..self.choices.len())
+                .map(|i| native_sample(&self.choices[i], &self.sample_ids[i], self.counts[i / n], prep.logprobs, None))
+                .collect();
+            return Ok(Answer::Body(native::full(&samples)));
+        }
         if prep.stream {
             if prep.include_usage && !self.deepseek {
                 reply::usage_chunk(&mut self.events, &self.meta, &usage);

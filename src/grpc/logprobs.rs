@@ -67,7 +67,8 @@ pub struct Offset(pub u64);
 pub fn put(out: &mut Vec<u8>, kind: Kind, tok: &Tokenizer, entries: &[Entry], top: u32, offset: &mut Offset) {
     match kind {
         Kind::Chat => put_chat(out, tok, entries),
-        Kind::Completions => put_legacy(out, tok, entries, top, offset),
+        // `/generate`'s triples are written by native.rs.
+        Kind::Completions | Kind::Generate => put_legacy(out, tok, entries, top, offset),
     }
 }
 

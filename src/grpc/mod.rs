@@ -8,6 +8,7 @@
 //! - `decisions`: a Decisions request as one scoring call per question, and its answer;
 //! - `embeddings`: an embeddings request as one Embed call per input, and the list;
 //! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
+//! - `native`: SGLang's `/generate` bodies and events;
 //! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages, with
 //!   `logprobs`' token log-probabilities;
 //! - `assemble`: a response's engine messages in, `reply`'s events or body out (no I/O),
@@ -22,6 +23,7 @@ pub mod decisions;
 pub mod embeddings;
 pub mod logprobs;
 pub mod model;
+pub mod native;
 pub mod output;
 pub mod reply;
 pub mod request;

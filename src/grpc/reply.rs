@@ -140,7 +140,8 @@ fn put_head(out: &mut Vec<u8>, m: &Meta<'_>, chunk: bool) {
     out.extend_from_slice(match (m.kind, chunk) {
         (Kind::Chat, false) => b",\"object\":\"chat.completion\",\"created\":".as_slice(),
         (Kind::Chat, true) => b",\"object\":\"chat.completion.chunk\",\"created\":",
-        (Kind::Completions, _) => b",\"object\":\"text_completion\",\"created\":",
+        // `/generate` is written by native.rs, never here.
+        (Kind::Completions | Kind::Generate, _) => b",\"object\":\"text_completion\",\"created\":",
     });
     put_dec(out, m.created);
     out.extend_from_slice(b",\"model\":");
@@ -188,7 +189,7 @@ pub fn full(m: &Meta<'_>, choices: &[Choice<'_>], usage: &Usage) -> Vec<u8> {
                 }
                 out.push(b'}');
             }
-            Kind::Completions => {
+            Kind::Completions | Kind::Generate => {
                 out.extend_from_slice(b",\"text\":");
                 put_str(&mut out, c.text);
             }
@@ -240,7 +241,7 @@ pub fn chunk(out: &mut Vec<u8>, m: &Meta<'_>, index: u32, d: &Delta<'_>, usage: 
             }
             out.push(b'}');
         }
-        Kind::Completions => {
+        Kind::Completions | Kind::Generate => {
             out.extend_from_slice(b",\"text\":");
             put_str(out, text.unwrap_or(""));
         }

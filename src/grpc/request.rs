@@ -16,6 +16,8 @@ use crate::tokenizer::{TemplateInput, ThinkingAsk};
 pub enum Kind {
     Chat,
     Completions,
+    /// SGLang's native `/generate` (`text` or `input_ids`, `sampling_params`; src/grpc/native.rs).
+    Generate,
 }
 
 /// What the engine gets and how the gateway shapes its answer.
@@ -87,6 +89,7 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
             (vec![ids], thinks, OutputPlan::of_chat(body, model.parsers, thinks || opened, scan))
         }
         Kind::Completions => (completion_prompts(body, model)?, false, OutputPlan::default()),
+        Kind::Generate => (generate_prompts(body, model)?, false, OutputPlan::default()),
     };
     if let Some(window) = model.max_context {
         if let Some(longest) = prompts.iter().map(Vec::len).max().filter(|&l| l > window as usize) {
@@ -98,22 +101,30 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
             ));
         }
     }
-    let stop = strings(body.get("stop"));
-    let n = body.get("n").and_then(|v| v.as_u64()).unwrap_or(1).max(1) as u32;
+    // /generate's sampling fields sit in its `sampling_params` object, under SGLang's names.
+    let empty = Value::new_object();
+    let fields = match kind {
+        Kind::Generate => body.get("sampling_params").filter(|v| v.is_object()).unwrap_or(&empty),
+        _ => body,
+    };
+    let stop = strings(fields.get("stop"));
+    let n = fields.get("n").and_then(|v| v.as_u64()).unwrap_or(1).max(1) as u32;
     let stream = body.get("stream").and_then(|v| v.as_bool()).unwrap_or(false);
     let opts = body.get("stream_options");
     let flag = |k: &str| opts.and_then(|o| o.get(k)).and_then(|v| v.as_bool()).unwrap_or(false);
     let include_usage = stream && flag("include_usage");
-    let params = sampling(kind, body, model, &stop, n)?;
+    let params = sampling(kind, fields, model, &stop, n)?;
     let top = |k: &str| body.get(k).and_then(|v| v.as_u64()).map(|v| v.min(u32::MAX as u64) as u32);
     let logprobs = match kind {
         Kind::Chat => {
             (body.get("logprobs").and_then(|v| v.as_bool()) == Some(true)).then(|| top("top_logprobs").unwrap_or(0))
         }
         Kind::Completions => top("logprobs"),
+        Kind::Generate => (body.get("return_logprob").and_then(|v| v.as_bool()) == Some(true))
+            .then(|| body.get("top_logprobs_num").and_then(|v| v.as_u64()).unwrap_or(0).min(u32::MAX as u64) as u32),
     };
     let (echo, suffix) = match kind {
-        Kind::Chat => (Vec::new(), None),
+        Kind::Chat | Kind::Generate => (Vec::new(), None),
         Kind::Completions => {
             let echo = if body.get("echo").and_then(|v| v.as_bool()) == Some(true) {
                 echo_texts(body, &prompts, model)
@@ -235,6 +246,47 @@ fn completion_prompts(body: &Value, model: &GrpcModel) -> Result<Vec<Vec<u32>>, 
         .collect()
 }
 
+/// `/generate`'s prompts: `text` (a string or strings) or `input_ids` (ids, or lists of ids).
+fn generate_prompts(body: &Value, model: &GrpcModel) -> Result<Vec<Vec<u32>>, Refusal> {
+    let encode = |s: &str| model.tokenizer.encode(s, true).map_err(|e| Refusal::internal("tokenization_failed", e));
+    let ids = |v: &Value| -> Option<Vec<u32>> {
+        v.as_array()?.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+    };
+    let prompts = match (body.get("text").filter(|t| !t.is_null()), body.get("input_ids").filter(|t| !t.is_null())) {
+        (Some(_), Some(_)) => return Err(bad("400", "Either text or input_ids should be provided, not both")),
+        (Some(t), None) => match t.get_type() {
+            JsonType::String => vec![encode(t.as_str().unwrap_or(""))?],
+            JsonType::Array => t
+                .as_array()
+                .map(|a| a.iter().collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|x| {
+                    x.as_str()
+                        .ok_or_else(|| bad("400", "text must be a string or an array of strings"))
+                        .and_then(encode)
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err(bad("400", "text must be a string or an array of strings")),
+        },
+        (None, Some(v)) => {
+            let arr = v.as_array().ok_or_else(|| bad("400", "input_ids must be an array"))?;
+            if arr.iter().all(|x| x.is_number()) {
+                vec![ids(v).ok_or_else(|| bad("400", "input_ids must be non-negative integers"))?]
+            } else {
+                arr.iter()
+                    .map(|x| ids(x).ok_or_else(|| bad("400", "input_ids must be token ids or lists of token ids")))
+                    .collect::<Result<_, _>>()?
+            }
+        }
+        (None, None) => return Err(bad("400", "Either text or input_ids should be provided")),
+    };
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(bad("400", "The input is empty"));
+    }
+    Ok(prompts)
+}
+
 /// Each prompt as text: a string as sent, token ids decoded.
 fn echo_texts(body: &Value, prompts: &[Vec<u32>], model: &GrpcModel) -> Vec<String> {
     let p = body.get("prompt");
@@ -273,6 +325,7 @@ fn sampling(kind: Kind, body: &Value, model: &GrpcModel, stop: &[String], n: u32
     let max_new_tokens = match kind {
         Kind::Chat => body.get("max_completion_tokens").or_else(|| body.get("max_tokens")),
         Kind::Completions => body.get("max_tokens"),
+        Kind::Generate => body.get("max_new_tokens"),
     }
     .and_then(|v| v.as_u64())
     .map(|v| v.min(u32::MAX as u64) as u32);
@@ -303,7 +356,11 @@ fn sampling(kind: Kind, body: &Value, model: &GrpcModel, stop: &[String], n: u32
         spaces_between_special_tokens: b("spaces_between_special_tokens").unwrap_or(true),
         constraint: constraint(kind, body)?,
         n,
-        min_new_tokens: body.get("min_tokens").and_then(|v| v.as_u64()).unwrap_or(0).min(u32::MAX as u64) as u32,
+        min_new_tokens: body
+            .get(if kind == Kind::Generate { "min_new_tokens" } else { "min_tokens" })
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0)
+            .min(u32::MAX as u64) as u32,
         ignore_eos: b("ignore_eos").unwrap_or(false),
         no_stop_trim: b("no_stop_trim").unwrap_or(false),
         stream_interval: None,
@@ -330,7 +387,7 @@ fn constraint(kind: Kind, body: &Value) -> Result<Option<Constraint>, Refusal> {
         from_rf,
         s("regex").map(Constraint::Regex),
         s("ebnf").map(Constraint::EbnfGrammar),
-        if kind == Kind::Completions { s("json_schema").map(Constraint::JsonSchema) } else { None },
+        if kind != Kind::Chat { s("json_schema").map(Constraint::JsonSchema) } else { None },
         // A tool_choice that forces a call (chat).
         if kind == Kind::Chat { super::output::tool_constraint(body).map(Constraint::JsonSchema) } else { None },
     ];

@@ -7,11 +7,18 @@ pub struct StopMatcher<'a> {
     keep_stop: bool,
     held: String,
     stopped: bool,
+    /// The stop string that ended the text.
+    matched: Option<&'a str>,
 }
 
 impl<'a> StopMatcher<'a> {
     pub fn new(stops: &'a [String], keep_stop: bool) -> Self {
-        StopMatcher { stops, keep_stop, held: String::new(), stopped: false }
+        StopMatcher { stops, keep_stop, held: String::new(), stopped: false, matched: None }
+    }
+
+    /// The stop string that ended the text, once one did.
+    pub fn matched(&self) -> Option<&'a str> {
+        self.matched
     }
 
     pub fn stopped(&self) -> bool {
@@ -29,8 +36,10 @@ impl<'a> StopMatcher<'a> {
             return false;
         }
         self.held.push_str(text);
-        let found = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len()))).min();
-        if let Some((at, len)) = found {
+        let stops = self.stops;
+        let found = stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len(), s))).min();
+        if let Some((at, len, s)) = found {
+            self.matched = Some(s.as_str());
             let end = if self.keep_stop { at + len } else { at };
             out.push_str(&self.held[..end]);
             self.held.clear();

@@ -152,10 +152,14 @@ impl GrpcRequest {
 /// The embeddings route, the one gRPC workers take without a contract schema.
 pub const EMBEDDINGS: &str = "/v1/embeddings";
 
+/// SGLang's native generation route.
+pub const GENERATE: &str = "/generate";
+
 fn kind_of(spec: &EndpointSpec) -> Option<Kind> {
     match spec.schema {
         Some(Endpoint::ChatCompletions) => Some(Kind::Chat),
         Some(Endpoint::Completions) => Some(Kind::Completions),
+        _ if spec.path == GENERATE => Some(Kind::Generate),
         _ => None,
     }
 }

@@ -24,8 +24,8 @@ fn decisions_eligible(w: &Worker) -> bool {
     }
 }
 
-/// Whether `w` can serve the route: gRPC workers serve chat and completions (the gateway
-/// renders the prompt and assembles the answer), and embeddings when their model embeds;
+/// Whether `w` can serve the route: gRPC workers serve chat, completions and `/generate` (the
+/// gateway renders the prompt and assembles the answer), and embeddings when their model embeds;
 /// Decisions go where [`decisions_eligible`] says; every other route is forwarded as sent, so
 /// it needs an HTTP worker. In a fleet where
 /// a model has both kinds, such a request goes to an HTTP worker.
@@ -35,6 +35,8 @@ fn serves(spec: &EndpointSpec, w: &Worker) -> bool {
         Some(contract::Endpoint::Decisions) => decisions_eligible(w),
         // An embedding model's gRPC workers embed (the Embed RPC); a generation model's do not.
         _ if spec.path == super::grpc::EMBEDDINGS => !w.meta.grpc.as_ref().is_some_and(|m| m.is_generation),
+        // SGLang's native route: the gateway speaks it to gRPC workers too (grpc/native.rs).
+        _ if spec.path == super::grpc::GENERATE => true,
         _ => !w.url.grpc,
     }
 }

@@ -375,7 +375,9 @@ fn the_same_tokens_cut_at_every_message_boundary_read_the_same() {
         for kind in [Kind::Chat, Kind::Completions] {
             let body = match kind {
                 Kind::Chat => format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],"stream":true{extra}}}"#),
-                Kind::Completions => format!(r#"{{"prompt":"say","stream":true,"logprobs":1{extra}}}"#),
+                Kind::Completions | Kind::Generate => {
+                    format!(r#"{{"prompt":"say","stream":true,"logprobs":1{extra}}}"#)
+                }
             };
             let prep = prepare(kind, &body);
             // Not streamed: the reference.
@@ -682,4 +684,38 @@ fn reasoning_and_calls_in_the_whole_body() {
     let one = words("the");
     let r = run_with(Kind::Chat, &prep, false, vec![(0, complete(0, &one, 1, "stop"))], thinker(1));
     assert!(r.body.unwrap()["choices"][0]["message"]["content"].is_null());
+}
+
+/// `/generate`: the same tokens cut at every message boundary give the same text, every event
+/// the whole text so far, and a stop string the gateway found named as the finish's `matched`.
+#[test]
+fn generate_streams_the_whole_text_so_far_at_every_cut() {
+    let tokens = toks(&["hello", "Ġworld", "Ġ", "Ã", "©", "Ġ", "E", "N", "D", "Ġthe"]);
+    let cases = [("", "hello world é END the", "length"), (r#","stop":"END""#, "hello world é ", "stop")];
+    for (extra, want, reason) in cases {
+        let body = format!(r#"{{"text":"say","stream":true,"sampling_params":{{"max_new_tokens":10{extra}}}}}"#);
+        let prep = prepare(Kind::Generate, &body);
+        let whole = prepare(Kind::Generate, &body.replace(r#""stream":true"#, r#""stream":false"#));
+        let r = run(Kind::Generate, &whole, false, vec![(0, complete(0, &tokens, tokens.len(), "length"))]);
+        let b = r.body.as_ref().unwrap();
+        assert_eq!(b["text"].as_str(), Some(want), "{extra}");
+        assert_eq!(b["output_ids"].as_array().unwrap().len(), tokens.len(), "every id the engine gave");
+        assert_eq!(b["meta_info"]["finish_reason"]["type"].as_str(), Some(reason));
+        if reason == "stop" {
+            assert_eq!(b["meta_info"]["finish_reason"]["matched"].as_str(), Some("END"));
+        }
+        for sizes in cuts(tokens.len()) {
+            let r = run(Kind::Generate, &prep, false, on(0, streamed(0, &tokens, &sizes, "length")));
+            assert!(r.done, "{sizes:?}");
+            let mut last = String::new();
+            for e in &r.events {
+                let t = e["text"].as_str().unwrap().to_string();
+                assert!(t.starts_with(&last), "the text only grows: {last:?} then {t:?} {sizes:?}");
+                last = t;
+            }
+            let end = r.events.last().unwrap();
+            assert_eq!(end["text"].as_str(), Some(want), "{extra} {sizes:?}");
+            assert_eq!(end["meta_info"]["finish_reason"]["type"].as_str(), Some(reason), "{sizes:?}");
+        }
+    }
 }
