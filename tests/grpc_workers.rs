@@ -1083,11 +1083,12 @@ fn generate_speaks_sglangs_native_shape_on_grpc_workers() {
             assert_eq!(s["meta_info"]["prompt_tokens"].as_u64(), Some(2));
         }
 
-        // Log-probabilities: one [logprob, id, null] per output token, with alternatives.
+        // Log-probabilities: one [logprob, id, null] per output token, with alternatives; the
+        // prompt's from logprob_start_len, as the engine gives them.
         let r = post(
             gw.port,
             "/generate",
-            r#"{"text":"hi","return_logprob":true,"top_logprobs_num":2,"sampling_params":{"max_new_tokens":3}}"#,
+            r#"{"input_ids":[5,6,7],"return_logprob":true,"logprob_start_len":0,"top_logprobs_num":2,"sampling_params":{"max_new_tokens":3}}"#,
             &[],
         );
         assert_eq!(r.status, 200, "{}", r.text());
@@ -1099,6 +1100,21 @@ fn generate_speaks_sglangs_native_shape_on_grpc_workers() {
             assert!(t[0].as_f64().unwrap() <= 0.0 && t[2].is_null());
             assert_eq!(v["meta_info"]["output_top_logprobs"][k].as_array().unwrap().len(), 2);
         }
+        let input = v["meta_info"]["input_token_logprobs"].as_array().unwrap();
+        assert_eq!(input.len(), 3, "{v:?}");
+        assert!(input[0][0].is_null(), "the first prompt token has none");
+        // The f32 as written (its shortest decimal), read back as an f32.
+        let want = smg_loadtest::sim::grpc::generate::token_id_logprob(6, 7);
+        assert_eq!((input[2][0].as_f64().map(|x| x as f32), input[2][1].as_u64()), (Some(want), Some(7)));
+        let streamed_lp = post(
+            gw.port,
+            "/generate",
+            r#"{"input_ids":[5,6,7],"stream":true,"return_logprob":true,"logprob_start_len":1,"sampling_params":{"max_new_tokens":2}}"#,
+            &[],
+        );
+        let evs = json_events(&streamed_lp);
+        assert_eq!(evs[0]["meta_info"]["input_token_logprobs"].as_array().map(|a| a.len()), Some(2), "{evs:?}");
+        assert!(evs[1]["meta_info"].get("input_token_logprobs").is_none(), "on the first event only");
 
         // Streamed: the whole text so far in every event, the new ids, the finish at the end.
         let r =

@@ -172,6 +172,7 @@ fn native_sample<'s>(
         completion_tokens: st.completion,
         cached_tokens: counts.cached,
         logprobs: logprobs.map(|top| (st.lp.as_slice(), top)),
+        input_logprobs: None,
         index,
     }
 }
@@ -199,8 +200,10 @@ pub(crate) struct Assembler<'a> {
     calls: Vec<CallOut>,
     /// A chunk's `logprobs` JSON.
     lp_json: Vec<u8>,
-    /// `/generate`: each sample's `meta_info.id`.
+    /// `/generate`: each sample's `meta_info.id`, and each prompt's log-probabilities as its
+    /// engine request's first message with them said.
     sample_ids: Vec<String>,
+    input_lp: Vec<Option<Vec<native::InputEntry>>>,
 }
 
 impl<'a> Assembler<'a> {
@@ -265,6 +268,7 @@ impl<'a> Assembler<'a> {
             calls: Vec::new(),
             lp_json: Vec::new(),
             sample_ids,
+            input_lp: vec![None; prep.prompts.len()],
         }
     }
 
@@ -287,6 +291,17 @@ impl<'a> Assembler<'a> {
     pub(crate) fn on_message(&mut self, p: usize, msg: GenerateResponse) -> Step {
         let (n, prep) = (self.n, self.prep);
         self.text.clear();
+        if self.meta.kind == Kind::Generate && prep.logprobs.is_some() && self.input_lp[p].is_none() {
+            let input = match &msg.response {
+                Some(generate_response::Response::Chunk(c)) => c.input_logprobs.as_ref(),
+                Some(generate_response::Response::Complete(c)) => c.input_logprobs.as_ref(),
+                None => None,
+            };
+            if let Some(lp) = input {
+                let values = lp.token_logprobs.iter().map(|v| v.value);
+                self.input_lp[p] = Some(values.zip(lp.token_ids.iter().copied()).collect());
+            }
+        }
         let i = match msg.response {
             Some(generate_response::Response::Chunk(c)) => {
                 self.counts[p] = PromptCounts { prompt: c.prompt_tokens as u64, cached: c.cached_tokens as u64 };
@@ -467,8 +482,11 @@ impl<'a> Assembler<'a> {
             return;
         }
         let counts = self.counts[i / self.n];
+        let first = !self.choices[i].begun;
+        self.choices[i].begun = true;
         let st = &self.choices[i];
-        let sample = native_sample(st, &self.sample_ids[i], counts, prep.logprobs, Some(i as u32));
+        let mut sample = native_sample(st, &self.sample_ids[i], counts, prep.logprobs, Some(i as u32));
+        sample.input_logprobs = self.input_lp[i / self.n].as_deref().filter(|_| first);
         native::event(&mut self.events, &sample);
         self.choices[i].lp.clear();
     }
@@ -487,7 +505,12 @@ impl<'a> Assembler<'a> {
                 return Ok(Answer::Events);
             }
             let samples: Vec<Sample<'_>> = (0..self.choices.len())
-                .map(|i| native_sample(&self.choices[i], &self.sample_ids[i], self.counts[i / n], prep.logprobs, None))
+                .map(|i| {
+                    let mut s =
+                        native_sample(&self.choices[i], &self.sample_ids[i], self.counts[i / n], prep.logprobs, None);
+                    s.input_logprobs = self.input_lp[i / n].as_deref();
+                    s
+                })
                 .collect();
             return Ok(Answer::Body(native::full(&samples)));
         }

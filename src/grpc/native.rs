@@ -3,8 +3,9 @@
 //!
 //! One object per sample: `text`, `output_ids`, and `meta_info` (`id`, `finish_reason`,
 //! `prompt_tokens`, `completion_tokens`, `cached_tokens`, and with `return_logprob` the
-//! output tokens' `[logprob, id, null]` triples, and their alternatives when
-//! `top_logprobs_num` asks). A request with one sample answers the object, a batch or `n > 1`
+//! output tokens' `[logprob, id, null]` triples, their alternatives when `top_logprobs_num`
+//! asks, and the prompt's from `logprob_start_len` as the engine sent them: on a stream's
+//! first event of each sample). A request with one sample answers the object, a batch or `n > 1`
 //! an array of them in sample order. Streamed, every event carries the sample's whole text so
 //! far (SGLang's default), the new token ids, and its `index`; `finish_reason` is null until
 //! the sample's last event; `data: [DONE]` ends the stream.
@@ -14,6 +15,9 @@ use smg_wire::json::put_str;
 use smg_wire::num::put_dec;
 
 use super::logprobs::Entry;
+
+/// A prompt token's log-probability (none for the first) and id.
+pub type InputEntry = (Option<f32>, u32);
 
 /// Why a sample ended, as `meta_info.finish_reason` says it.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,17 +55,21 @@ pub struct Sample<'a> {
     pub cached_tokens: u64,
     /// `return_logprob`: the output tokens' entries, with this many alternatives each.
     pub logprobs: Option<(&'a [Entry], u32)>,
+    /// `return_logprob` with `logprob_start_len`: the prompt's tokens from there, each with its
+    /// log-probability (the first prompt token has none).
+    pub input_logprobs: Option<&'a [InputEntry]>,
     /// A stream event's sample index.
     pub index: Option<u32>,
 }
 
-fn put_triple(out: &mut Vec<u8>, logprob: f32, id: u32) {
+fn put_triple(out: &mut Vec<u8>, logprob: Option<f32>, id: u32) {
     use std::io::Write;
     out.push(b'[');
-    if logprob.is_finite() {
-        let _ = write!(out, "{logprob}");
-    } else {
-        out.extend_from_slice(b"null");
+    match logprob.filter(|l| l.is_finite()) {
+        Some(l) => {
+            let _ = write!(out, "{l}");
+        }
+        None => out.extend_from_slice(b"null"),
     }
     out.push(b',');
     put_dec(out, u64::from(id));
@@ -112,13 +120,23 @@ pub fn put_sample(out: &mut Vec<u8>, s: &Sample<'_>) {
         out.extend_from_slice(k);
         put_dec(out, v);
     }
+    if let Some(input) = s.input_logprobs {
+        out.extend_from_slice(b",\"input_token_logprobs\":[");
+        for (i, (lp, id)) in input.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            put_triple(out, *lp, *id);
+        }
+        out.push(b']');
+    }
     if let Some((entries, top)) = s.logprobs {
         out.extend_from_slice(b",\"output_token_logprobs\":[");
         for (i, e) in entries.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
-            put_triple(out, e.logprob, e.id);
+            put_triple(out, Some(e.logprob), e.id);
         }
         out.push(b']');
         if top > 0 {
@@ -132,7 +150,7 @@ pub fn put_sample(out: &mut Vec<u8>, s: &Sample<'_>) {
                     if j > 0 {
                         out.push(b',');
                     }
-                    put_triple(out, *lp, *id);
+                    put_triple(out, Some(*lp), *id);
                 }
                 out.push(b']');
             }
@@ -188,6 +206,7 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: 1,
             logprobs,
+            input_logprobs: None,
             index: None,
         }
     }

@@ -38,6 +38,8 @@ pub struct Prepared {
     pub reasoning: bool,
     /// Log-probabilities asked for, with this many top alternatives per token.
     pub logprobs: Option<u32>,
+    /// `/generate`'s `logprob_start_len`: the prompt's log-probabilities from there (-1: none).
+    pub logprob_start: i32,
     /// Completions `echo`: each prompt's text, put before its choices' text.
     pub echo: Vec<String>,
     /// Completions `suffix`: put after each choice's text.
@@ -134,8 +136,16 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
             (echo, body.get("suffix").and_then(|v| v.as_str()).filter(|s| !s.is_empty()).map(str::to_string))
         }
     };
+    let logprob_start = match kind {
+        Kind::Generate if logprobs.is_some() => body
+            .get("logprob_start_len")
+            .and_then(|v| v.as_i64())
+            .map_or(-1, |v| v.clamp(-1, i64::from(i32::MAX)) as i32),
+        _ => -1,
+    };
     Ok(Prepared {
         logprobs,
+        logprob_start,
         echo,
         suffix,
         prompts,

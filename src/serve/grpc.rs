@@ -404,7 +404,7 @@ fn engine_request(prep: &Prepared, rid: String, ids: &[u32], dp_rank: Option<u32
         request_id: rid,
         tokenized: Some(TokenizedInput { original_text: String::new(), input_ids: ids.to_vec() }),
         sampling_params: Some(prep.params.clone()),
-        logprob_start_len: -1,
+        logprob_start_len: prep.logprob_start,
         stream: prep.stream,
         require_reasoning: prep.reasoning,
         return_logprob: prep.logprobs.is_some(),

@@ -13,7 +13,9 @@
 //! chunk when streaming and in GenerateComplete otherwise. `token_ids_logprob` gets each
 //! GenerateComplete one row of those ids' raw log-probabilities per output position, or one
 //! row when nothing is generated (`max_new_tokens: 0`, prefill-only scoring, as Decisions on
-//! gRPC workers send it), from `token_id_logprob`.
+//! gRPC workers send it), from `token_id_logprob`. With `logprob_start_len` ≥ 0 the prompt's
+//! log-probabilities from there come too (`token_id_logprob` after the token before), on each
+//! sample's first chunk and in GenerateComplete.
 //!
 //! Faults: --fail-rate answers the status --fail-status maps to, or `custom_params.sim_error`
 //! ("RESOURCE_EXHAUSTED", "unavailable", "3"...) names one per request; --hang-rate never
@@ -41,7 +43,8 @@ use h2::{RecvStream, SendStream};
 use monoio::time::Instant;
 use smg_proto::scheduler::generate_complete::MatchedStop;
 use smg_proto::scheduler::{
-    generate_response, GenerateComplete, GenerateRequest, GenerateStreamChunk, OutputLogProbs, TopLogProbs,
+    generate_response, GenerateComplete, GenerateRequest, GenerateStreamChunk, InputLogProbs, InputTokenLogProb,
+    OutputLogProbs, TopLogProbs,
 };
 
 use crate::sim::faults::{self, Fault};
@@ -75,6 +78,8 @@ struct Plan {
     huge: u32,
     /// The prompt's last token: what the first position's `token_ids_logprob` row follows.
     last_prompt_id: u32,
+    /// `return_logprob` with `logprob_start_len` ≥ 0: the prompt's log-probabilities from there.
+    input_logprobs: Option<InputLogProbs>,
 }
 
 pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse<Bytes>) {
@@ -196,6 +201,7 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         spec: (number_param(&sp, "sim_spec_draft"), number_param(&sp, "sim_spec_accepted")),
         huge: number_param(&sp, "sim_huge_tokens"),
         last_prompt_id: ids[ids.len() - 1],
+        input_logprobs: input_logprobs(req, ids),
     })
 }
 
@@ -320,6 +326,19 @@ fn token_id_rows(req: &GenerateRequest, plan: &Plan, output: &[u32]) -> Vec<TopL
         .collect()
 }
 
+/// The prompt's log-probabilities from `logprob_start_len` (none when it is negative): each
+/// token's is `token_id_logprob` after the token before it; the first prompt token has none.
+fn input_logprobs(req: &GenerateRequest, ids: &[u32]) -> Option<InputLogProbs> {
+    let start = usize::try_from(req.logprob_start_len).ok().filter(|_| req.return_logprob)?.min(ids.len());
+    Some(InputLogProbs {
+        token_logprobs: (start..ids.len())
+            .map(|k| InputTokenLogProb { value: (k > 0).then(|| token_id_logprob(ids[k - 1], ids[k])) })
+            .collect(),
+        token_ids: ids[start..].to_vec(),
+        top_logprobs: Vec::new(),
+    })
+}
+
 /// One sample's progress.
 struct Sample {
     output: Vec<u32>,
@@ -438,6 +457,8 @@ async fn decode(
                     cached_tokens: plan.cached_tokens,
                     index: i as u32,
                     output_logprobs,
+                    // A sample's first chunk.
+                    input_logprobs: if k == 0 { plan.input_logprobs.clone() } else { None },
                     ..Default::default()
                 };
                 out.extend_from_slice(&wire::frame(&response(req, generate_response::Response::Chunk(chunk))));
@@ -481,6 +502,7 @@ fn finish_all(
             completion_tokens: s.generated,
             cached_tokens: plan.cached_tokens,
             matched_stop: matched.map(MatchedStop::MatchedTokenId),
+            input_logprobs: plan.input_logprobs.clone(),
             // As SGLang: a non-streaming call's Completes all say index 0 (they come in
             // sample order); a stream's name their sample.
             index: if req.stream { i as u32 } else { 0 },
