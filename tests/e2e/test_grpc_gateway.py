@@ -129,3 +129,23 @@ def test_logprobs_parse_in_the_sdk(client):
     lp = c.choices[0].logprobs
     assert "".join(lp.tokens) == c.choices[0].text and len(lp.token_logprobs) == 3
     assert all(len(d) == 2 for d in lp.top_logprobs) and lp.text_offset[0] == 0
+
+
+@pytest.fixture(scope="module", params=["io_uring", "epoll"])
+def embedding_stack(request, tmp_path_factory):
+    yield from grpc_stack(request.param, tmp_path_factory, sim_args=["--is-embedding", "--embedding-dim", "8"])
+
+
+def test_embeddings_through_the_sdk(embedding_stack):
+    """An embedding model's gRPC worker through the openai SDK, which asks for base64 by
+    default and decodes it: one unit vector per input, in input order."""
+    client = openai.OpenAI(base_url=f"{embedding_stack['gw']}/v1", api_key="not-needed", max_retries=0, timeout=60)
+    got = client.embeddings.create(model=MODEL, input=["hello", "the world", "hello"])
+    assert [d.index for d in got.data] == [0, 1, 2]
+    vectors = [d.embedding for d in got.data]
+    assert all(len(v) == 8 for v in vectors)
+    assert all(abs(sum(x * x for x in v) - 1.0) < 1e-4 for v in vectors), vectors
+    assert vectors[0] == vectors[2] and vectors[0] != vectors[1], "the same input, the same vector"
+    assert got.usage.prompt_tokens == got.usage.total_tokens > 0
+    floats = client.embeddings.create(model=MODEL, input="hello", encoding_format="float", dimensions=4)
+    assert len(floats.data[0].embedding) == 4
