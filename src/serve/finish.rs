@@ -162,16 +162,21 @@ async fn answer(
                 e.status
             }
             None => {
-                let mut headers: Vec<(&str, &[u8])> = Vec::new();
-                if let Some(l) = r.location.as_deref() {
-                    headers.push(("location", l.as_bytes()));
+                // An answer the gateway assembled from a worker's (Decisions, gRPC embeddings)
+                // names that worker, as a relayed one does.
+                let routed = ctx.chosen.as_ref().filter(|_| (200..300).contains(&r.status));
+                let lines = [
+                    r.location.as_deref().map(|l| ("location", l.as_bytes())),
+                    routed.map(|c| ("x-smg-routed-worker-id", c.worker().url.url.as_bytes())),
+                ];
+                let mut headers: [(&str, &[u8]); 2] = [("", b""); 2];
+                let mut n = 0;
+                for line in lines.into_iter().flatten() {
+                    headers[n] = line;
+                    n += 1;
                 }
-                // An answer the gateway assembled from a worker's (Decisions) names that worker,
-                // as a relayed one does.
-                if let Some(c) = ctx.chosen.as_ref().filter(|_| (200..300).contains(&r.status)) {
-                    headers.push(("x-smg-routed-worker-id", c.worker().url.url.as_bytes()));
-                }
-                let resp = Simple { status: r.status, content_type: r.content_type, headers: &headers, body: &r.body };
+                let resp =
+                    Simple { status: r.status, content_type: r.content_type, headers: &headers[..n], body: &r.body };
                 write_simple(&mut out, &resp, head_only, &stamp);
                 r.status
             }

@@ -24,26 +24,26 @@ fn decisions_eligible(w: &Worker) -> bool {
     }
 }
 
-/// Whether `w` can serve the route: gRPC workers serve chat, completions and `/generate` (the
-/// gateway renders the prompt and assembles the answer), and embeddings when their model embeds;
-/// Decisions go where [`decisions_eligible`] says; every other route is forwarded as sent, so
-/// it needs an HTTP worker. In a fleet where
-/// a model has both kinds, such a request goes to an HTTP worker.
+/// Whether `w` can serve the route: every worker serves chat, completions and `/generate`
+/// ([`served_by_all`]; on gRPC workers the gateway renders the prompt and assembles the
+/// answer); gRPC workers serve embeddings when their model embeds; Decisions go where
+/// [`decisions_eligible`] says; every other route is forwarded as sent, so it needs an HTTP
+/// worker. In a fleet where a model has both kinds, such a request goes to an HTTP worker.
 fn serves(spec: &EndpointSpec, w: &Worker) -> bool {
     match spec.schema {
         _ if served_by_all(spec) => true,
         Some(contract::Endpoint::Decisions) => decisions_eligible(w),
         // An embedding model's gRPC workers embed (the Embed RPC); a generation model's do not.
         _ if spec.path == super::grpc::EMBEDDINGS => !w.meta.grpc.as_ref().is_some_and(|m| m.is_generation),
-        // SGLang's native route: the gateway speaks it to gRPC workers too (grpc/native.rs).
-        _ if spec.path == super::grpc::GENERATE => true,
         _ => !w.url.grpc,
     }
 }
 
-/// Every worker serves the route (chat and completions): no worker list need be scanned.
+/// Every worker serves the route (chat, completions, and SGLang's `/generate`, which the
+/// gateway speaks to gRPC workers too: grpc/native.rs): no worker list need be scanned.
 fn served_by_all(spec: &EndpointSpec) -> bool {
     matches!(spec.schema, Some(contract::Endpoint::ChatCompletions | contract::Endpoint::Completions))
+        || spec.path == super::grpc::GENERATE
 }
 
 /// The model has workers, but none of them can serve this route (only gRPC workers, for a

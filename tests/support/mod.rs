@@ -663,8 +663,14 @@ pub fn metric(port: u16, series: &str) -> Option<f64> {
 
 /// POSTs JSON on a fresh connection with extra header lines ("Name: value").
 pub fn post(port: u16, path: &str, body: &str, headers: &[&str]) -> Response {
+    post_within(port, path, body, headers, Duration::from_secs(15))
+}
+
+/// [`post`] for a request whose answer costs the gateway more than most (a megabyte prompt
+/// tokenized by a debug build): silence up to `quiet` (times the patience factor) is allowed.
+pub fn post_within(port: u16, path: &str, body: &str, headers: &[&str], quiet: Duration) -> Response {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(patience(Duration::from_secs(15)))).unwrap();
+    s.set_read_timeout(Some(patience(quiet))).unwrap();
     s.write_all(post_bytes(path, body, headers).as_bytes()).unwrap();
     read_response(&mut s, &mut Vec::new(), false).unwrap()
 }
