@@ -1,10 +1,14 @@
-//! Chat Completions and Completions on a gRPC worker: the attempt and the relay the one
-//! upstream loop (serve/forward.rs) takes when the picked worker is `grpc://`. The
-//! contract already validated the body; here it is parsed
-//! once, rendered and tokenized with the worker's model (src/grpc/request.rs), sent as
-//! Generate calls on the shard's h2 connection, and answered with OpenAI JSON or SSE that
-//! src/grpc/assemble.rs assembles from the engine's messages (detokenizing incrementally,
-//! matching stop strings on the decoded text); this file only reads calls and writes bytes.
+//! Chat Completions, Completions and `/generate` on a gRPC worker: the attempt and the relay
+//! the one upstream loop (serve/forward.rs) takes when the picked worker is `grpc://`. The
+//! contract already validated the body; here it is parsed once, rendered and tokenized with
+//! the worker's model (src/grpc/request.rs), sent as Generate calls on the shard's h2
+//! connection, and answered with JSON or SSE that src/grpc/assemble.rs assembles from the
+//! engine's messages (detokenizing incrementally, matching stop strings on the decoded text);
+//! this file only reads calls and writes bytes.
+//!
+//! Decisions (src/grpc/decisions.rs: one prefill-only Generate call per question) and
+//! embeddings (src/grpc/embeddings.rs: one Embed call per input) are answered whole in the
+//! attempt: nothing streams, so the relay only hands the body to `finish`.
 //!
 //! Until the first engine message nothing is written to the client: an engine refusal is a
 //! worker-side error (`start_generation_failed` with the engine's status mapped), retried
@@ -76,7 +80,8 @@ pub struct GrpcRequest {
 // request an allocation to save the rare Decisions request a few hundred bytes.
 #[allow(clippy::large_enum_variant)]
 enum Route {
-    /// Chat Completions or Completions: generation, assembled into the OpenAI answer.
+    /// Chat Completions, Completions or `/generate`: generation, assembled into the OpenAI
+    /// answer (SGLang's native one for `/generate`).
     Generate { kind: Kind, doc: sonic_rs::Value, prepared: Option<(Arc<GrpcModel>, Prepared)> },
     /// Decisions: every question's labels scored, nothing generated (src/grpc/decisions.rs).
     Score { questions: Questions, prepared: Option<(Arc<GrpcModel>, Scoring)> },
@@ -86,7 +91,8 @@ enum Route {
 
 impl GrpcRequest {
     /// The body (validated by the contract) as gRPC workers take it, for `model` (the
-    /// canonical name the answer carries): Chat Completions, Completions and Decisions.
+    /// canonical name the answer carries): Chat Completions, Completions, `/generate`,
+    /// Decisions and embeddings.
     pub fn new(spec: &EndpointSpec, body: &[u8], model: Option<&str>) -> Result<Self, Failure> {
         let refused = |r: request::Refusal| Failure::Rejected(ApiError::new(r.status, r.code, r.message));
         let route = match spec.schema {
@@ -98,7 +104,7 @@ impl GrpcRequest {
                 Route::Embed { req: embeddings::read(body, model.unwrap_or("")).map_err(refused)?, prepared: None }
             }
             _ => {
-                // Pick gives gRPC workers chat, completions and Decisions only (serve/pick.rs).
+                // Pick gives gRPC workers no other route (serve/pick.rs).
                 let Some(kind) = kind_of(spec) else {
                     let msg = format!("No available workers: gRPC workers do not serve {}", spec.path);
                     return Err(Failure::Rejected(ApiError::new(503, "no_available_workers", msg)));
