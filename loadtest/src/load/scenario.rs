@@ -20,7 +20,8 @@ use crate::sim::render::put_json_str;
 pub struct Scenario {
     pub name: String,
     pub description: String,
-    /// "chat", "completions" or "generate" (SGLang native).
+    /// "chat", "completions", "generate" (SGLang native) or "decisions" (three questions, one
+    /// of each type, over `user_bytes` of evidence; never streamed).
     pub api: String,
     /// Overrides the endpoint path of `api`.
     pub path: Option<String>,
@@ -99,7 +100,7 @@ impl Scenario {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if !matches!(self.api.as_str(), "chat" | "completions" | "generate") {
+        if !matches!(self.api.as_str(), "chat" | "completions" | "generate" | "decisions") {
             return Err(format!("unknown api {:?}", self.api));
         }
         if self.users == 0 || self.turns == 0 || self.sessions == 0 || self.variants == 0 {
@@ -118,6 +119,7 @@ impl Scenario {
         match self.api.as_str() {
             "completions" => "/v1/completions",
             "generate" => "/generate",
+            "decisions" => "/v1/decisions",
             _ => "/v1/chat/completions",
         }
     }
@@ -161,6 +163,9 @@ impl Scenario {
     }
 
     fn body(&self, i: usize, system: Option<&str>, history: &[(String, String)], user: &str) -> Vec<u8> {
+        if self.api == "decisions" {
+            return self.decisions_body(i, user);
+        }
         let mut b = Vec::with_capacity(256 + user.len() + system.map_or(0, str::len));
         let mut prompt = Vec::with_capacity(b.capacity());
         match self.api.as_str() {
@@ -234,6 +239,21 @@ impl Scenario {
             b.extend_from_slice(prompt_key);
             b.extend_from_slice(&prompt);
         }
+        b.push(b'}');
+        b
+    }
+
+    /// A Decisions body: `user` as the evidence, then a predicate, a three-way choice and a
+    /// three-level score about it.
+    fn decisions_body(&self, i: usize, user: &str) -> Vec<u8> {
+        const QUESTIONS: &str = r#"[{"type":"predicate","instructions":"Is the text about routing requests?"},{"type":"choice","name":"topic","instructions":"What is the main topic?","choices":[{"value":"cache"},{"value":"latency"},{"value":"batch"}]},{"type":"score","name":"detail","instructions":"How technical is the text?","levels":[{"label":"low"},{"label":"medium"},{"label":"high"}]}]"#;
+        let mut b = Vec::with_capacity(64 + user.len() + QUESTIONS.len());
+        b.extend_from_slice(b"{\"model\":");
+        put_json_str(&mut b, self.model_for(i));
+        b.extend_from_slice(b",\"input\":");
+        put_json_str(&mut b, user);
+        b.extend_from_slice(b",\"questions\":");
+        b.extend_from_slice(QUESTIONS.as_bytes());
         b.push(b'}');
         b
     }
@@ -323,6 +343,17 @@ mod tests {
         assert_eq!(v["stream"].as_bool(), Some(true));
         let plain = Scenario { variants: 1, ..Scenario::default() };
         assert!(plain.bodies()[0].windows(8).all(|w| w != b"\"tools\":"));
+    }
+
+    #[test]
+    fn a_decisions_scenario_asks_one_question_of_each_type() {
+        let s = Scenario::load("decisions").unwrap();
+        assert_eq!(s.path(), "/v1/decisions");
+        let v: sonic_rs::Value = sonic_rs::from_slice(&s.bodies()[0]).unwrap();
+        let types: Vec<&str> = v["questions"].as_array().unwrap().iter().map(|q| q["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["predicate", "choice", "score"]);
+        assert!(v["input"].as_str().unwrap().len() >= s.user_bytes);
+        assert!(v.get("stream").is_none());
     }
 
     #[test]
