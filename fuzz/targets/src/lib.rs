@@ -37,6 +37,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("grpc_framing", grpc_framing),
     ("chat_template", chat_template),
     ("gguf", gguf),
+    ("parsers", parsers),
 ];
 
 /// The first byte of `data` as a cut point into the rest, and the rest.
@@ -343,4 +344,71 @@ pub fn gguf(data: &[u8]) {
     let Ok(meta) = smg::tokenizer::gguf::parse(&mut Cursor::new(data)) else { return };
     let _ = meta.str("general.architecture");
     let _ = smg::tokenizer::from_gguf::convert(&meta);
+}
+
+/// The families of smg-parsers, reasoning then tool-call: what the `parsers` target's first byte
+/// picks from.
+fn families() -> impl Iterator<Item = (bool, &'static str)> {
+    let reasoning = smg_parsers::reasoning::NAMES.iter().map(|n| (true, *n));
+    reasoning.chain(smg_parsers::tools::NAMES.iter().map(|n| (false, *n)))
+}
+
+/// The tools a `parsers` run offers: one function with a string and an integer parameter.
+fn offered() -> smg_parsers::Tools {
+    let params = vec![("city".to_string(), "string".to_string()), ("days".to_string(), "integer".to_string())];
+    smg_parsers::Tools::new(vec![smg_parsers::Tool { name: "get_weather".into(), params }])
+}
+
+/// One family's parse of `pieces` in turn, then its finish: the content, the reasoning and the
+/// calls, each joined.
+fn parse(reasoning: bool, name: &str, pieces: &[&str]) -> Option<(String, String, Vec<smg_parsers::Call>)> {
+    let mut out = smg_parsers::Parsed::default();
+    let (mut content, mut thought, mut calls) = (String::new(), String::new(), Vec::new());
+    let mut take = |out: &mut smg_parsers::Parsed| {
+        content.push_str(&out.content);
+        thought.push_str(&out.reasoning);
+        calls.append(&mut out.calls);
+        out.clear();
+    };
+    if reasoning {
+        let mut p = smg_parsers::reasoning::by_name(name, true)?;
+        for piece in pieces {
+            p.push(piece, &mut out);
+            take(&mut out);
+        }
+        p.finish(&mut out);
+    } else {
+        let mut p = smg_parsers::tools::by_name(name, offered())?;
+        for piece in pieces {
+            p.push(piece, &mut out);
+            take(&mut out);
+        }
+        p.finish(&mut out);
+    }
+    take(&mut out);
+    Some((content, thought, calls))
+}
+
+/// A model's output through one reasoning or tool-call parser family of smg-parsers (the
+/// first byte picks it), whole and cut in two at a point the second byte picks: the two
+/// parses agree (a streamed answer is the answer), and every call names an offered function
+/// and carries a JSON object as its arguments.
+pub fn parsers(data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else { return };
+    let Some((cut, rest)) = split(rest) else { return };
+    let text = String::from_utf8_lossy(rest);
+    let mut at = cut.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let all: Vec<(bool, &str)> = families().collect();
+    let (reasoning, name) = all[pick as usize % all.len()];
+    let Some(whole) = parse(reasoning, name, &[&text]) else { return };
+    let Some(cut) = parse(reasoning, name, &[&text[..at], &text[at..]]) else { return };
+    assert_eq!(whole, cut, "{name}: the parse depends on where the text was cut ({at})");
+    for c in &whole.2 {
+        assert_eq!(c.name, "get_weather", "{name}: a call of an undeclared function");
+        let args = smg::bounded_json::value(c.arguments.as_bytes());
+        assert!(args.is_ok_and(|a| a.is_object()), "{name}: arguments not a JSON object: {}", c.arguments);
+    }
 }
