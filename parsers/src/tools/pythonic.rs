@@ -490,8 +490,13 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Digits, `.` and an exponent as JSON: `5.` is `5.0`, `.5` is `0.5`, leading zeros go.
+/// Digits, `.` and an exponent as JSON: `5.` is `5.0`, `.5` is `0.5`, leading zeros go. A
+/// number past f64's range (`1e400`: Python's `inf`) has no JSON spelling that JSON readers
+/// take, so the call list holding it is not a call (found by fuzzing).
 fn decimal(literal: &str, out: &mut String) -> Option<()> {
+    if !literal.parse::<f64>().is_ok_and(f64::is_finite) {
+        return None;
+    }
     let (mantissa, exponent) = match literal.find(['e', 'E']) {
         Some(i) => (&literal[..i], Some(&literal[i + 1..])),
         None => (literal, None),
@@ -658,6 +663,15 @@ mod tests {
     fn undeclared_function_is_content() {
         let text = "[get_weather(city='Paris'), rm(path='/')]";
         assert_parsed(&parse(text), text, &[]);
+    }
+
+    #[test]
+    fn a_number_past_f64s_range_is_not_a_call() {
+        let text = "[get_weather(city=\"Paris\", days=1e0724235893)]";
+        let p = parse(text);
+        assert!(p.calls.is_empty(), "{p:?}");
+        assert_eq!(p.content, text);
+        assert_eq!(parse("[get_weather(days=1e30)]").calls.len(), 1, "in range: a call");
     }
 
     #[test]
