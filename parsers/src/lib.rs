@@ -20,6 +20,19 @@ pub mod tools;
 #[cfg(test)]
 pub(crate) mod testing;
 
+#[cfg(test)]
+thread_local! {
+    /// Bytes the token searches read on this thread: the measure of the linearity tests.
+    pub(crate) static SCANNED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts `n` bytes read by a token search (tests only; nothing otherwise).
+#[inline(always)]
+pub(crate) fn scanned(_n: usize) {
+    #[cfg(test)]
+    SCANNED.with(|s| s.set(s.get() + _n));
+}
+
 /// What released text turned out to be. The caller clears it between pieces.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Parsed {

@@ -160,9 +160,14 @@ impl<M: Markup + 'static> ToolParser for Blocks<M> {
     }
 }
 
-/// Where the earliest of `begins` starts in `text`.
+/// Where the earliest of `begins` starts in `text`: one pass that stops at the first, so
+/// text after it is not read. (Searching each token through the whole text and keeping the
+/// minimum read all of it for every `[` of pythonic's `[[[[…`: quadratic, found by fuzzing.)
 fn find_begin(text: &str, begins: &[&str]) -> Option<usize> {
-    begins.iter().filter_map(|b| find(text, b)).min()
+    let bytes = text.as_bytes();
+    let at = (0..bytes.len()).find(|&i| begins.iter().any(|b| bytes[i..].starts_with(b.as_bytes())));
+    crate::scanned(at.map_or(bytes.len(), |i| i + 1));
+    at
 }
 
 /// Where `token` first starts in `text`. Pieces are a few bytes: a scan for the token's first
@@ -173,10 +178,12 @@ pub(crate) fn find(text: &str, token: &str) -> Option<usize> {
     let mut from = 0;
     while let Some(i) = bytes[from..].iter().position(|&b| b == first) {
         if bytes[from + i..].starts_with(token.as_bytes()) {
+            crate::scanned(from + i + 1);
             return Some(from + i);
         }
         from += i + 1;
     }
+    crate::scanned(bytes.len());
     None
 }
 

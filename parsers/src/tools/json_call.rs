@@ -138,14 +138,17 @@ pub(crate) fn find_token(text: &str, from: usize, token: &str) -> Result<usize, 
 pub(crate) fn find(text: &str, from: usize, token: &str) -> Option<usize> {
     let (hay, token) = (text.as_bytes(), token.as_bytes());
     let first = *token.first()?;
+    let start = from;
     let mut from = from;
     while let Some(skip) = hay[from..].iter().position(|&b| b == first) {
         let at = from + skip;
         if hay[at..].starts_with(token) {
+            crate::scanned(at + 1 - start);
             return Some(at);
         }
         from = at + 1;
     }
+    crate::scanned(hay.len() - start);
     None
 }
 

@@ -116,3 +116,64 @@ pub fn for_model(model: &str) -> Option<&'static str> {
     }
     best.and_then(|(_, name)| name)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{testing::run, Tool, Tools, SCANNED};
+
+    /// The token searches read each byte of the output a bounded number of times, whatever
+    /// the output repeats: a begin token, its first byte, an opened call that never closes.
+    /// Linear costs up to 12 reads a byte here (a begin token's length, re-read while it
+    /// arrives one byte a piece); quadratic costs thousands a byte at this size: pythonic's
+    /// `[[[[…` once read the rest of the text for every `[`, 33 M reads for 8 KB. The bound
+    /// sits between the two, at 200 (about their geometric middle).
+    #[test]
+    fn token_searches_are_linear_in_the_output() {
+        let tools = || Tools::new(vec![Tool { name: "get_weather".into(), params: vec![] }]);
+        let units = [
+            "[",
+            "<",
+            "[get_weather(",
+            "<|python_start|>",
+            "<tool_call>",
+            "<minimax:tool_call>",
+            "<|tool_calls_section_begin|>",
+            "<｜tool▁calls▁begin｜>",
+            "[TOOL_CALLS]",
+            "<|python_tag|>",
+            "{",
+        ];
+        for name in super::NAMES {
+            for unit in units {
+                let text = unit.repeat(8192 / unit.len() + 1);
+                for piece in [text.len(), 1, 7] {
+                    let pieces: Vec<&str> = chunks(&text, piece);
+                    SCANNED.with(|s| s.set(0));
+                    let mut p = super::by_name(name, tools()).unwrap();
+                    run(&mut p, &pieces);
+                    let read = SCANNED.with(|s| s.get());
+                    assert!(
+                        read <= 200 * text.len(),
+                        "{name} on {unit:?}×, pieces of {piece}: {read} reads for {} bytes",
+                        text.len()
+                    );
+                }
+            }
+        }
+    }
+
+    /// `text` in pieces of `n` bytes (widened to character boundaries).
+    fn chunks(text: &str, n: usize) -> Vec<&str> {
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        while at < text.len() {
+            let mut end = (at + n).min(text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            pieces.push(&text[at..end]);
+            at = end;
+        }
+        pieces
+    }
+}
