@@ -338,3 +338,72 @@ fn a_template_that_opens_the_think_block_starts_the_answer_inside_it() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn gpt_oss_renders_harmony_and_reads_its_channels() {
+    both_drivers(|legacy| {
+        // A gpt-oss model: the simulator answers in Harmony (special tokens as their ids),
+        // calling get_weather when the prompt declares it.
+        let m = "openai/gpt-oss-20b";
+        let sim = Sim::start(m, FAST);
+        let gw = gateway(legacy, &[&sim], &[]);
+        for stream in [false, true] {
+            let st = if stream {
+                r#","stream":true,"stream_options":{"include_usage":true}"#.to_string()
+            } else {
+                String::new()
+            };
+            let what = format!("stream {stream}");
+            let r = post(gw.port, "/v1/chat/completions", &with_tools(m, &st), &[]);
+            let s = said(&r, stream);
+            let city = weather_call(&s, &what);
+            assert_eq!(s.reasoning, format!("The user asks about {city}."), "{what}");
+            assert_eq!((s.content.as_str(), s.finish.as_slice()), ("", &["tool_calls".to_string()][..]), "{what}");
+            // No tools: the final channel is the content.
+            let s = said(&post(gw.port, "/v1/chat/completions", &chat(m, &st), &[]), stream);
+            assert!(s.calls.is_empty(), "{what}: {s:?}");
+            assert!(s.reasoning.starts_with("The user asks about "), "{what}: {s:?}");
+            assert!(
+                s.content.starts_with("The weather in ") && s.content.ends_with(" is mild today."),
+                "{what}: {s:?}"
+            );
+            assert_eq!(s.finish, ["stop"], "{what}");
+            for text in [&s.content, &s.reasoning] {
+                assert!(!text.contains("<|"), "{what}: no Harmony token reaches the answer: {s:?}");
+            }
+        }
+        // The gateway counts the reasoning tokens (the simulator says one token a byte).
+        let v = post(gw.port, "/v1/chat/completions", &chat(m, ""), &[]).json();
+        let reasoning = v["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64();
+        let text = v["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or_default();
+        assert_eq!(reasoning, Some(text.len() as u64), "{v:?}");
+
+        // The prompt is Harmony, rendered by the gateway (the simulator echoes it): effort
+        // clamped to Harmony's levels, the tools as a TypeScript namespace.
+        for (effort, level) in [("xhigh", "high"), ("minimal", "low"), ("none", "low"), ("turbo", "medium")] {
+            let body = with_tools(
+                m,
+                &format!(
+                    r#","reasoning_effort":"{effort}","custom_params":{{"sim_echo_prompt":true}},"separate_reasoning":false"#
+                ),
+            );
+            let v = post(gw.port, "/v1/chat/completions", &body, &[]).json();
+            let echoed = format!(
+                "{}{}",
+                v["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or(""),
+                v["choices"][0]["message"]["content"].as_str().unwrap_or("")
+            );
+            assert!(echoed.contains(&format!("Reasoning: {level}\n")), "{effort}: {echoed}");
+            assert!(
+                echoed.contains("namespace functions {\n\ntype get_weather = (_: {\ncity: string,\n}) => any;"),
+                "{echoed}"
+            );
+        }
+
+        // What has no Harmony form: 400 harmony_build_failed, nothing generated.
+        let image = r#"{"model":"openai/gpt-oss-20b","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="}}]}]}"#;
+        let r = post(gw.port, "/v1/chat/completions", image, &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("harmony_build_failed"), "{}", r.text());
+    });
+}

@@ -13,6 +13,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod harmony;
 pub mod markup;
 pub mod reasoning;
 pub mod tools;

@@ -14,6 +14,7 @@
 use smg_proto::scheduler::generate_complete::MatchedStop;
 use smg_proto::scheduler::{generate_response, GenerateResponse, OutputLogProbs};
 
+use super::harmony::ReasoningCount;
 use super::logprobs::{self, Entry, Offset};
 use super::native::{self, Finish, Matched, Sample};
 use super::output::OutputParser;
@@ -83,6 +84,8 @@ struct ChoiceState<'a> {
     /// the stop the engine matched.
     ids: Vec<u32>,
     matched: Option<MatchedStop>,
+    /// A Harmony model's chat: its reasoning tokens, counted here (the engine does not).
+    harmony: Option<ReasoningCount<'a>>,
 }
 
 impl ChoiceState<'_> {
@@ -91,6 +94,9 @@ impl ChoiceState<'_> {
     /// Returns how many of `ids` were taken (the rest follow a stop string).
     fn feed(&mut self, ids: &[u32], emit: &mut String, piece: &mut String) -> usize {
         for (i, &t) in ids.iter().enumerate() {
+            if let Some(h) = &mut self.harmony {
+                h.step(t);
+            }
             piece.clear();
             self.decoder.step(t, piece);
             if self.stop.push(piece, emit) {
@@ -243,6 +249,7 @@ impl<'a> Assembler<'a> {
                 lp_offset: Offset(prep.echo.get(i / n).map_or(0, |e| e.chars().count() as u64)),
                 ids: Vec::new(),
                 matched: None,
+                harmony: prep.harmony.map(|h| ReasoningCount::new(h, tok)),
             })
             .collect();
         // `/generate`: a lone sample is named by the response id, each of several by its index.
@@ -308,12 +315,15 @@ impl<'a> Assembler<'a> {
                 let i = p * n + c.index as usize;
                 let Some(st) = self.choices.get_mut(i).filter(|st| st.finish.is_none()) else { return Step::Next };
                 st.completion = c.completion_tokens as u64;
-                st.reasoning = c.reasoning_tokens as u64;
+                st.reasoning = st.harmony.as_ref().map_or(c.reasoning_tokens as u64, |h| h.count);
                 if self.meta.kind == Kind::Generate {
                     st.ids.clear();
                     st.ids.extend_from_slice(&c.token_ids);
                 }
                 let taken = st.feed(&c.token_ids, &mut self.text, &mut self.piece);
+                if let Some(h) = &st.harmony {
+                    st.reasoning = h.count;
+                }
                 if prep.logprobs.is_some() {
                     st.keep_logprobs(c.output_logprobs.as_ref(), taken);
                 }
@@ -333,7 +343,7 @@ impl<'a> Assembler<'a> {
                 };
                 let Some(st) = self.choices.get_mut(i) else { return Step::Next };
                 st.completion = c.completion_tokens as u64;
-                st.reasoning = c.reasoning_tokens as u64;
+                st.reasoning = st.harmony.as_ref().map_or(c.reasoning_tokens as u64, |h| h.count);
                 st.drafted = c.spec_draft_tokens as u64;
                 st.accepted = c.spec_accepted_tokens as u64;
                 st.engine_done = true;
@@ -356,6 +366,9 @@ impl<'a> Assembler<'a> {
                     }
                 }
                 st.end(&mut self.text, &mut self.piece);
+                if let Some(h) = &st.harmony {
+                    st.reasoning = h.count;
+                }
                 if st.stop.stopped() {
                     st.finish = Some("stop".into());
                 } else {

@@ -210,6 +210,7 @@ mod tests {
             is_generation: false,
             defaults: Default::default(),
             parsers: Default::default(),
+            harmony: None,
         }
     }
 

@@ -8,6 +8,7 @@
 //! - `decisions`: a Decisions request as one scoring call per question, and its answer;
 //! - `embeddings`: an embeddings request as one Embed call per input, and the list;
 //! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
+//! - `harmony`: gpt-oss models' chats, rendered and read in the Harmony format;
 //! - `native`: SGLang's `/generate` bodies and events;
 //! - `reply`: OpenAI JSON bodies and SSE chunks from the engine's messages, with
 //!   `logprobs`' token log-probabilities;
@@ -21,6 +22,7 @@ pub mod bundle;
 pub mod conn;
 pub mod decisions;
 pub mod embeddings;
+pub mod harmony;
 pub mod logprobs;
 pub mod model;
 pub mod native;

@@ -31,6 +31,8 @@ pub struct GrpcModel {
     pub defaults: SamplingDefaults,
     /// The reasoning and tool-call parsers of its output.
     pub parsers: super::output::ModelParsers,
+    /// A gpt-oss model: its Harmony tokens (its chats are rendered and read as Harmony).
+    pub harmony: Option<super::harmony::HarmonyTokens>,
 }
 
 /// The model author's sampling defaults (generation_config.json, as the engine reports them):

@@ -82,6 +82,8 @@ pub enum ToolPlan {
     Family(&'static str, Tools),
     /// `tool_choice` named this function: the (constrained) answer is its arguments object.
     Named(String),
+    /// A Harmony model's channels: reasoning, calls of these offered functions, content.
+    Harmony(Tools),
 }
 
 /// One request's output plan: what each of its choices' parsers are.
@@ -140,6 +142,27 @@ impl OutputPlan {
         }
     }
 
+    /// The plan of a chat request `body` on a Harmony model: its channels are read (reasoning
+    /// always separated: Harmony has no markers to keep in the text), unless `tool_choice`
+    /// forces a call, whose constrained answer is that call's JSON as on other models.
+    pub fn of_harmony(body: &Value) -> Self {
+        let flag = |k: &str, default: bool| body.get(k).and_then(|v| v.as_bool()).unwrap_or(default);
+        let offered = body.get("tools").and_then(|t| t.as_array()).map(tools_of).unwrap_or_default();
+        let tools = match forced_choice(body) {
+            Forced::Named(name) => ToolPlan::Named(name),
+            Forced::Required(_) if !offered.is_empty() => ToolPlan::Family("json", Tools::new(offered)),
+            Forced::No => ToolPlan::Harmony(Tools::default()),
+            _ => ToolPlan::Harmony(Tools::new(offered)),
+        };
+        OutputPlan {
+            reasoning: None,
+            stream_reasoning: flag("stream_reasoning", true),
+            tools: Some(tools),
+            parallel_calls: flag("parallel_tool_calls", true),
+            kimi_ids_from: None,
+        }
+    }
+
     /// Whether any parser runs (else the text passes as it is).
     pub fn parses(&self) -> bool {
         self.reasoning.is_some() || self.tools.is_some()
@@ -150,6 +173,7 @@ impl OutputPlan {
         let tools: Option<Box<dyn ToolParser>> = match &self.tools {
             Some(ToolPlan::Family(n, t)) => smg_parsers::tools::by_name(n, t.clone()),
             Some(ToolPlan::Named(name)) => Some(Box::new(NamedCall { name: name.clone(), text: String::new() })),
+            Some(ToolPlan::Harmony(t)) => Some(smg_parsers::harmony::parser(t.clone())),
             None => None,
         };
         Box::new(Chain {

@@ -46,6 +46,8 @@ pub struct Prepared {
     pub suffix: Option<String>,
     /// The choices' reasoning and tool-call parsing.
     pub output: OutputPlan,
+    /// A Harmony model's chat: its special tokens (the gateway counts reasoning tokens).
+    pub harmony: Option<super::harmony::HarmonyTokens>,
 }
 
 /// Why a request cannot go to the engine as it is: its status, the contract's error code and
@@ -76,6 +78,14 @@ fn bad(code: &'static str, message: impl Into<String>) -> Refusal {
 pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, Refusal> {
     let tok = &model.tokenizer;
     let (prompts, reasoning, output) = match kind {
+        Kind::Chat if model.harmony.is_some() => {
+            check_output_modalities(body)?;
+            let ask = ThinkingAsk::of_body(body);
+            let text =
+                super::harmony::render::prompt(body, &super::harmony::today(), super::harmony::effort(ask.effort))?;
+            let ids = tok.encode(&text, false).map_err(|e| Refusal::internal("tokenization_failed", e))?;
+            (vec![ids], false, OutputPlan::of_harmony(body))
+        }
         Kind::Chat => {
             check_output_modalities(body)?;
             let (text, thinks) = render_chat(body, model)?;
@@ -115,7 +125,18 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
     let opts = body.get("stream_options");
     let flag = |k: &str| opts.and_then(|o| o.get(k)).and_then(|v| v.as_bool()).unwrap_or(false);
     let include_usage = stream && flag("include_usage");
-    let params = sampling(kind, fields, model, &stop, n)?;
+    let mut params = sampling(kind, fields, model, &stop, n)?;
+    // Harmony: the answer's special tokens are its structure (the parser reads and drops
+    // them), and the engine stops at the answer's end or a call's.
+    let harmony = model.harmony.filter(|_| kind == Kind::Chat);
+    if let Some(h) = harmony {
+        params.skip_special_tokens = false;
+        for id in h.stops() {
+            if !params.stop_token_ids.contains(&id) {
+                params.stop_token_ids.push(id);
+            }
+        }
+    }
     let top = |k: &str| body.get(k).and_then(|v| v.as_u64()).map(|v| v.min(u32::MAX as u64) as u32);
     let logprobs = match kind {
         Kind::Chat => {
@@ -152,7 +173,10 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
         n,
         stream,
         include_usage,
-        continuous_usage: include_usage && flag("continuous_usage_stats"),
+        // The contract: no running usage for Harmony models (their reasoning tokens are
+        // counted by the gateway once the answer is read).
+        continuous_usage: include_usage && flag("continuous_usage_stats") && harmony.is_none(),
+        harmony,
         no_stop_trim: params.no_stop_trim,
         skip_special: params.skip_special_tokens,
         reasoning,

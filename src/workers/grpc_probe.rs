@@ -27,6 +27,7 @@ use tokio::net::TcpStream;
 use super::fleet::Discovery;
 use super::snapshot::Runtime;
 use super::WorkerUrl;
+use crate::grpc::harmony::HarmonyTokens;
 use crate::grpc::model::{GrpcModel, ModelSource, SamplingDefaults};
 use crate::grpc::output::ModelParsers;
 use crate::grpc::wire::{self, Code, Deframer, Status};
@@ -271,13 +272,19 @@ pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &ModelSource) 
     // Clamped as the HTTP probe clamps it: an engine's figure never builds a million entries.
     let dp_size = arg("dp_size").map(|n| n.clamp(1, 1024) as u32);
     let grpc = GrpcModel {
-        tokenizer,
+        tokenizer: Arc::clone(&tokenizer),
         max_context: u32::try_from(info.max_context_length).ok().filter(|&n| n > 0),
         eos_ids: info.eos_token_ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect(),
         supports_vision: info.supports_vision,
         is_generation: info.is_generation,
         defaults: SamplingDefaults::parse(&defaults_json),
         parsers: parsers_of(source, &[&info.served_model_name, &info.model_path]),
+        harmony: HarmonyTokens::detect(
+            &[&info.served_model_name, &info.model_path],
+            &info.architectures,
+            &info.model_type,
+            &tokenizer,
+        ),
     };
     Some(Discovery { model, runtime: Runtime::Sglang, dp_size, max_running, grpc: Some(Arc::new(grpc)) })
 }

@@ -346,11 +346,11 @@ pub fn gguf(data: &[u8]) {
     let _ = smg::tokenizer::from_gguf::convert(&meta);
 }
 
-/// The families of smg-parsers, reasoning then tool-call: what the `parsers` target's first byte
-/// picks from.
+/// The families of smg-parsers, reasoning then tool-call, then gpt-oss's Harmony channels:
+/// what the `parsers` target's first byte picks from.
 fn families() -> impl Iterator<Item = (bool, &'static str)> {
     let reasoning = smg_parsers::reasoning::NAMES.iter().map(|n| (true, *n));
-    reasoning.chain(smg_parsers::tools::NAMES.iter().map(|n| (false, *n)))
+    reasoning.chain(smg_parsers::tools::NAMES.iter().map(|n| (false, *n))).chain([(false, "harmony")])
 }
 
 /// The tools a `parsers` run offers: one function with a string and an integer parameter.
@@ -378,7 +378,10 @@ fn parse(reasoning: bool, name: &str, pieces: &[&str]) -> Option<(String, String
         }
         p.finish(&mut out);
     } else {
-        let mut p = smg_parsers::tools::by_name(name, offered())?;
+        let mut p = match name {
+            "harmony" => smg_parsers::harmony::parser(offered()),
+            _ => smg_parsers::tools::by_name(name, offered())?,
+        };
         for piece in pieces {
             p.push(piece, &mut out);
             take(&mut out);

@@ -142,14 +142,20 @@ mod tests {
             "[TOOL_CALLS]",
             "<|python_tag|>",
             "{",
+            "<|channel|>commentary to=functions.get_weather<|message|>{",
+            "<|channel|>",
         ];
-        for name in super::NAMES {
+        let make = |name: &str| match name {
+            "harmony" => crate::harmony::parser(tools()),
+            _ => super::by_name(name, tools()).unwrap(),
+        };
+        for name in super::NAMES.iter().copied().chain(["harmony"]) {
             for unit in units {
                 let text = unit.repeat(8192 / unit.len() + 1);
                 for piece in [text.len(), 1, 7] {
                     let pieces: Vec<&str> = chunks(&text, piece);
                     SCANNED.with(|s| s.set(0));
-                    let mut p = super::by_name(name, tools()).unwrap();
+                    let mut p = make(name);
                     run(&mut p, &pieces);
                     let read = SCANNED.with(|s| s.get());
                     assert!(

@@ -26,6 +26,7 @@ fn model() -> &'static GrpcModel {
             is_generation: true,
             defaults: Default::default(),
             parsers: Default::default(),
+            harmony: None,
         }
     })
 }
@@ -718,4 +719,115 @@ fn generate_streams_the_whole_text_so_far_at_every_cut() {
             assert_eq!(end["meta_info"]["finish_reason"]["type"].as_str(), Some(reason), "{sizes:?}");
         }
     }
+}
+
+/// The simulator's tokenizer as a gpt-oss model's: Harmony's special tokens found.
+fn harmony_model() -> &'static GrpcModel {
+    static M: OnceLock<GrpcModel> = OnceLock::new();
+    M.get_or_init(|| {
+        let tok = Arc::clone(&model().tokenizer);
+        let harmony = crate::grpc::harmony::HarmonyTokens::detect(&["openai/gpt-oss-20b"], &[], "", &tok);
+        assert!(harmony.is_some(), "the simulator's vocabulary has Harmony's tokens");
+        GrpcModel { tokenizer: tok, harmony, ..clone_model(model()) }
+    })
+}
+
+fn clone_model(m: &GrpcModel) -> GrpcModel {
+    GrpcModel {
+        tokenizer: Arc::clone(&m.tokenizer),
+        max_context: m.max_context,
+        eos_ids: m.eos_ids.clone(),
+        supports_vision: m.supports_vision,
+        is_generation: m.is_generation,
+        defaults: m.defaults,
+        parsers: m.parsers,
+        harmony: m.harmony,
+    }
+}
+
+#[test]
+fn a_harmony_answer_reads_as_reasoning_a_call_and_counted_reasoning_tokens() {
+    let m = harmony_model();
+    let tools = r#""tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]"#;
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"Weather?"}}],{tools},"stream":true,"reasoning_effort":"xhigh"}}"#
+    );
+    let doc: Value = sonic_rs::from_str(&body).unwrap();
+    let prep = request::prepare(Kind::Chat, &doc, m).unwrap();
+    let prompt = m.tokenizer.decode(&prep.prompts[0], false);
+    assert!(prompt.contains("Reasoning: high") && prompt.ends_with("<|start|>assistant"), "{prompt}");
+    assert!(prompt.contains("type get_weather = (_: {\ncity?: string,\n}) => any;"), "{prompt}");
+    let h = m.harmony.unwrap();
+    assert!(
+        !prep.skip_special
+            && prep.params.stop_token_ids.contains(&h.call)
+            && prep.params.stop_token_ids.contains(&h.ret)
+    );
+
+    // The simulated model's answer: its reasoning ("The user asks about X." is 6 word tokens
+    // and a byte per other character), then the call, whose <|call|> the engine trimmed.
+    let answer = smg_loadtest::sim::grpc::markup::harmony_text("r1", &prep.prompts[0]);
+    let answer = answer.strip_suffix("<|call|>").unwrap();
+    let tokens = m.tokenizer.encode(answer, false).unwrap();
+    let reasoning = answer.split("<|message|>").nth(1).unwrap().split("<|end|>").next().unwrap();
+    let reasoning_tokens = m.tokenizer.encode(reasoning, false).unwrap().len() as u64;
+    let plan = &prep.output;
+    let make = |_: usize| plan.parser();
+    let whole = {
+        let doc: Value = sonic_rs::from_str(&body.replace(r#""stream":true"#, r#""stream":false"#)).unwrap();
+        let prep = request::prepare(Kind::Chat, &doc, m).unwrap();
+        let plan = prep.output.clone();
+        let r = run_with_tok(&m.tokenizer, &prep, vec![(0, complete(0, &tokens, tokens.len(), "stop"))], move |_| {
+            plan.parser()
+        });
+        r.body.unwrap()
+    };
+    let msg = &whole["choices"][0]["message"];
+    assert_eq!(msg["reasoning_content"].as_str(), Some(reasoning));
+    assert!(msg["content"].is_null() || msg["content"].as_str() == Some(""), "{msg:?}");
+    assert_eq!(msg["tool_calls"][0]["function"]["name"].as_str(), Some("get_weather"));
+    let args: Value = sonic_rs::from_str(msg["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_str());
+    assert_eq!(whole["choices"][0]["finish_reason"].as_str(), Some("tool_calls"));
+    assert_eq!(whole["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64(), Some(reasoning_tokens));
+
+    // Streamed, cut into messages of every size from 1 to 7 tokens: the same fields.
+    for size in 1..=7 {
+        let sizes: Vec<usize> = (0..tokens.len()).step_by(size).map(|a| size.min(tokens.len() - a)).collect();
+        let r = run_with_tok(&m.tokenizer, &prep, on(0, streamed(0, &tokens, &sizes, "stop")), make);
+        let deltas: Vec<&Value> = r.choice(0).map(|c| &c["delta"]).collect();
+        let streamed_reasoning: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+        assert_eq!(streamed_reasoning, reasoning, "size {size}");
+        assert_eq!(r.text(0), "", "no markup leaks into content (size {size})");
+        let calls: Vec<&Value> =
+            deltas.iter().filter_map(|d| d["tool_calls"].as_array()).flat_map(|a| a.iter()).collect();
+        assert_eq!(calls.len(), 1, "size {size}");
+        assert_eq!(r.finish(0), ["tool_calls"]);
+        assert_eq!(r.usage.reasoning, reasoning_tokens, "size {size}");
+    }
+}
+
+/// `run_with` on another model's tokenizer.
+fn run_with_tok(
+    tok: &Tokenizer,
+    prep: &Prepared,
+    script: Vec<(usize, GenerateResponse)>,
+    mut parser: impl FnMut(usize) -> Box<dyn OutputParser>,
+) -> Run {
+    let meta = Meta { kind: Kind::Chat, id: "cmpl-1", created: 7, model: "m" };
+    let mut asm = Assembler::new(prep, tok, meta, false, |i| parser(i));
+    let mut sse = Vec::new();
+    let mut body = None;
+    for (p, msg) in script {
+        let step = asm.on_message(p, msg);
+        assert!(matches!(step, Step::Next | Step::Abort), "{step:?}");
+        sse.extend_from_slice(asm.pending());
+        asm.sent();
+    }
+    if let Ok(Answer::Body(b)) = asm.finish() {
+        body = Some(sonic_rs::from_slice(&b).unwrap());
+    }
+    sse.extend_from_slice(asm.pending());
+    let (events, done) = parse_sse(&sse);
+    Run { events, done, body, steps: Vec::new(), incomplete: None, usage: asm.usage() }
 }

@@ -24,6 +24,7 @@ fn model_with(template: Option<&str>) -> GrpcModel {
         is_generation: true,
         defaults: Default::default(),
         parsers: Default::default(),
+        harmony: None,
     }
 }
 

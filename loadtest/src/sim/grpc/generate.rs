@@ -33,7 +33,8 @@
 //! split across tokens on purpose; `custom_params.sim_echo_prompt: true` answers with the
 //! prompt's own token ids (tests read back what the gateway rendered). Without either,
 //! `--reasoning-markup` / `--tool-call-markup` write the answer in a model family's markup
-//! (`markup`).
+//! (`markup`); a model whose name holds `gpt-oss` answers in Harmony (its reasoning, then a
+//! call of `get_weather` when the prompt declares it, else a final answer).
 
 use std::rc::Rc;
 
@@ -170,7 +171,8 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
     let t = w.timing.get();
     let forced = requested_output(&sp)
         .or_else(|| echo_prompt(&sp).then(|| ids.to_vec()))
-        .or_else(|| w.grpc.as_ref().and_then(|g| markup::answer(&g.markup, &req.request_id)));
+        .or_else(|| w.grpc.as_ref().and_then(|g| markup::answer(&g.markup, &req.request_id)))
+        .or_else(|| markup::is_harmony_model(&w.model).then(|| markup::harmony_answer(&req.request_id, ids)));
     let stop_id = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
     let (length, natural_stop) = match (&forced, sp.max_new_tokens) {
         (Some(f), Some(m)) if m as usize <= f.len() => (m, None),
@@ -209,7 +211,8 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
 fn requested_output(sp: &smg_proto::scheduler::SamplingParams) -> Option<Vec<u32>> {
     use prost_types::value::Kind;
     match sp.custom_params.as_ref()?.fields.get("sim_output")?.kind.as_ref()? {
-        Kind::StringValue(s) => Some(s.bytes().map(tokenizer::byte_id).collect()),
+        // Harmony's special tokens are their own ids (a gpt-oss answer's structure).
+        Kind::StringValue(s) => Some(tokenizer::encode_harmony(s)),
         _ => None,
     }
 }

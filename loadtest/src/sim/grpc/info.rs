@@ -31,6 +31,7 @@ pub fn health_check(w: &Worker, _: HealthCheckRequest) -> Result<HealthCheckResp
 pub fn model_info(w: &Worker, _: GetModelInfoRequest) -> Result<GetModelInfoResponse, Status> {
     let dir = w.grpc.as_ref().map(|g| g.advertised_path.clone()).unwrap_or_default();
     let bridged = w.grpc.as_ref().is_some_and(|g| g.llama.is_some());
+    let harmony = crate::sim::grpc::markup::is_harmony_model(&w.model);
     Ok(GetModelInfoResponse {
         // The model's files are the tokenizer directory (it also holds a config.json).
         model_path: dir.clone(),
@@ -42,12 +43,12 @@ pub fn model_info(w: &Worker, _: GetModelInfoRequest) -> Result<GetModelInfoResp
         max_context_length: CONTEXT_LENGTH as i32,
         vocab_size: tokenizer::vocab_size() as i32,
         supports_vision: false,
-        model_type: "llama".into(),
+        model_type: if harmony { "gpt_oss" } else { "llama" }.into(),
         eos_token_ids: vec![tokenizer::IM_END_ID as i32],
         pad_token_id: tokenizer::ENDOFTEXT_ID as i32,
         bos_token_id: 0,
         max_req_input_len: CONTEXT_LENGTH as i32 - 1,
-        architectures: vec!["LlamaForCausalLM".into()],
+        architectures: vec![if harmony { "GptOssForCausalLM" } else { "LlamaForCausalLM" }.into()],
         id2label_json: String::new(),
         num_labels: 0,
         // A real model behind --llama-url has its own defaults, which the simulator does not know.

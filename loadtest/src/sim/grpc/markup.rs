@@ -42,8 +42,7 @@ pub fn text(families: &(Option<String>, Option<String>), id: &str) -> Option<Str
     if reasoning.is_none() && tools.is_none() {
         return None;
     }
-    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let city = CITIES[(h % CITIES.len() as u64) as usize];
+    let city = city_of(id);
     let mut answer = match tools {
         Some(t) => {
             let arg = format!("\"{city}\"");
@@ -60,6 +59,38 @@ pub fn text(families: &(Option<String>, Option<String>), id: &str) -> Option<Str
         answer = markup::reasoning(r, &format!("The user asks about {city}."), &answer)?;
     }
     Some(answer)
+}
+
+/// Whether a served model name is a gpt-oss model's (as a gateway detects it): the simulator
+/// then answers in Harmony.
+pub fn is_harmony_model(name: &str) -> bool {
+    name.to_ascii_lowercase().contains("gpt-oss")
+}
+
+/// A gpt-oss answer in Harmony for request `id`: its reasoning on `analysis`, then a call of
+/// `get_weather` on `commentary` when the prompt declares that function (ending with the
+/// `<|call|>` stop token), else the answer on `final` (ending with `<|return|>`).
+pub fn harmony_text(id: &str, prompt: &[u32]) -> String {
+    let city = city_of(id);
+    let mut t = format!("<|channel|>analysis<|message|>The user asks about {city}.<|end|><|start|>assistant");
+    if tokenizer::prompt_holds(prompt, "type get_weather") {
+        t.push_str(&format!(
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{{\"city\":\"{city}\"}}<|call|>"
+        ));
+    } else {
+        t.push_str(&format!("<|channel|>final<|message|>The weather in {city} is mild today.<|return|>"));
+    }
+    t
+}
+
+/// [`harmony_text`] as the model's tokens.
+pub fn harmony_answer(id: &str, prompt: &[u32]) -> Vec<u32> {
+    tokenizer::encode_harmony(&harmony_text(id, prompt))
+}
+
+fn city_of(id: &str) -> &'static str {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    CITIES[(h % CITIES.len() as u64) as usize]
 }
 
 /// [`text`] as the simulator's byte tokens.
@@ -82,5 +113,27 @@ mod tests {
         assert!(check(&(Some("nope".into()), None)).unwrap_err().contains("known: "));
         assert!(check(&(None, Some("nope".into()))).unwrap_err().contains("qwen"));
         assert!(check(&both).is_ok());
+    }
+
+    #[test]
+    fn gpt_oss_answers_in_harmony_calling_only_what_the_prompt_declares() {
+        let plain = harmony_text("r1", &tokenizer::encode_harmony("<|start|>user<|message|>Hi<|end|>"));
+        assert!(plain.starts_with("<|channel|>analysis<|message|>The user asks about "), "{plain}");
+        assert!(
+            plain.contains("<|start|>assistant<|channel|>final<|message|>The weather in ")
+                && plain.ends_with("<|return|>"),
+            "{plain}"
+        );
+        let prompt =
+            tokenizer::encode_harmony("namespace functions {\n\ntype get_weather = (_: {\ncity: string,\n}) => any;");
+        let call = harmony_text("r1", &prompt);
+        assert!(
+            call.contains("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\""),
+            "{call}"
+        );
+        assert!(call.ends_with("<|call|>"), "{call}");
+        let ids = harmony_answer("r1", &prompt);
+        assert_eq!(ids.last().copied(), tokenizer::harmony_id("<|call|>"), "special tokens are their own ids");
+        assert!(is_harmony_model("openai/gpt-oss-20b") && !is_harmony_model("Qwen/Qwen3-8B"));
     }
 }

@@ -26,6 +26,10 @@ pub const IM_START_ID: u32 = 1;
 /// The end of an assistant turn: the model's EOS.
 pub const IM_END_ID: u32 = 2;
 const SPECIALS: [&str; 3] = [ENDOFTEXT, IM_START, IM_END];
+/// gpt-oss's Harmony special tokens, after the rest of the vocabulary (so the ChatML model's
+/// ids stay as they were): a simulator serving a `gpt-oss` model answers in Harmony.
+pub const HARMONY_SPECIALS: [&str; 7] =
+    ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"];
 /// Id of the byte token for byte 0; byte b is BYTE_BASE + b.
 const BYTE_BASE: u32 = SPECIALS.len() as u32;
 
@@ -105,6 +109,7 @@ fn vocab() -> &'static Vocab {
                 }
             }
         }
+        tokens.extend(HARMONY_SPECIALS.iter().map(|s| s.to_string()));
         Vocab { tokens, merges, word_ids, bare_ids }
     })
 }
@@ -128,6 +133,49 @@ pub fn vocab_size() -> usize {
     vocab().tokens.len()
 }
 
+/// Id of Harmony special token `t` (one of [`HARMONY_SPECIALS`]).
+pub fn harmony_id(t: &str) -> Option<u32> {
+    let at = HARMONY_SPECIALS.iter().position(|s| *s == t)?;
+    Some((vocab().tokens.len() - HARMONY_SPECIALS.len() + at) as u32)
+}
+
+/// `text` as byte tokens, but for Harmony's special tokens, which are their own ids (as a
+/// gpt-oss model emits them).
+pub fn encode_harmony(text: &str) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        match HARMONY_SPECIALS.iter().find(|s| rest.starts_with(**s)) {
+            Some(s) => {
+                ids.extend(harmony_id(s));
+                rest = &rest[s.len()..];
+            }
+            None => {
+                let n = rest.chars().next().map_or(1, char::len_utf8);
+                ids.extend(rest[..n].bytes().map(byte_id));
+                rest = &rest[n..];
+            }
+        }
+    }
+    ids
+}
+
+/// Whether the prompt `ids` hold `needle` in their text (the simulated model reading its
+/// prompt: a gpt-oss model calls a function only when the prompt declares it).
+pub fn prompt_holds(ids: &[u32], needle: &str) -> bool {
+    let v = vocab();
+    let mut bytes = Vec::with_capacity(ids.len() * 4);
+    for &id in ids {
+        let Some(t) = v.tokens.get(id as usize) else { continue };
+        if (id as usize) < SPECIALS.len() || HARMONY_SPECIALS.contains(&t.as_str()) {
+            bytes.extend_from_slice(t.as_bytes());
+        } else {
+            bytes.extend(t.chars().filter_map(|c| (0..=255u8).find(|&b| byte_char(b) == c)));
+        }
+    }
+    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
 /// Id of the byte token for `b` (prompts a client built without the tokenizer still decode).
 pub fn byte_id(b: u8) -> u32 {
     BYTE_BASE + b as u32
@@ -137,11 +185,17 @@ pub fn byte_id(b: u8) -> u32 {
 pub fn token_text(id: u32) -> String {
     let v = vocab();
     let Some(t) = v.tokens.get(id as usize) else { return String::new() };
-    if (id as usize) < SPECIALS.len() {
+    if (id as usize) < SPECIALS.len() || HARMONY_SPECIALS.contains(&t.as_str()) {
         return t.clone();
     }
     let bytes: Vec<u8> = t.chars().filter_map(|c| (0..=255u8).find(|&b| byte_char(b) == c)).collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Every special token with its id: ChatML's first, Harmony's last.
+fn specials() -> impl Iterator<Item = (u32, &'static str)> {
+    let first = SPECIALS.iter().enumerate().map(|(i, t)| (i as u32, *t));
+    first.chain(HARMONY_SPECIALS.iter().filter_map(|t| Some((harmony_id(t)?, *t))))
 }
 
 /// tokenizer.json (HF `tokenizers` format).
@@ -149,11 +203,11 @@ pub fn tokenizer_json() -> String {
     let v = vocab();
     let mut s = String::with_capacity(64 * 1024);
     s.push_str("{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[");
-    for (i, t) in SPECIALS.iter().enumerate() {
+    for (n, (i, t)) in specials().enumerate() {
         let _ = write!(
             s,
             "{}{{\"id\":{i},\"content\":{},\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true}}",
-            if i == 0 { "" } else { "," },
+            if n == 0 { "" } else { "," },
             json(t)
         );
     }
@@ -178,11 +232,11 @@ pub fn tokenizer_json() -> String {
 /// tokenizer_config.json: the special tokens' roles and the chat template.
 pub fn tokenizer_config_json() -> String {
     let mut s = String::from("{\"added_tokens_decoder\":{");
-    for (i, t) in SPECIALS.iter().enumerate() {
+    for (n, (i, t)) in specials().enumerate() {
         let _ = write!(
             s,
             "{}\"{i}\":{{\"content\":{},\"lstrip\":false,\"normalized\":false,\"rstrip\":false,\"single_word\":false,\"special\":true}}",
-            if i == 0 { "" } else { "," },
+            if n == 0 { "" } else { "," },
             json(t)
         );
     }
