@@ -73,6 +73,37 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // gpt-oss's Harmony channels: reasoning on analysis, then a call on commentary (the text
+    // the gateway decodes with special tokens kept).
+    let harmony = format!(
+        "<|channel|>analysis<|message|>{}<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{{\"city\":\"Paris\",\"days\":3}}<|call|>",
+        PROSE.repeat(4)
+    );
+    let ps = pieces(&harmony);
+    let mut p = smg_parsers::harmony::parser(tools());
+    let mut calls = 0;
+    for piece in &ps {
+        out.clear();
+        p.push(piece, &mut out);
+        calls += out.calls.len();
+    }
+    out.clear();
+    p.finish(&mut out);
+    assert_eq!(calls + out.calls.len(), 1, "harmony: the call was not parsed");
+    g.throughput(Throughput::Elements(ps.len() as u64));
+    let offered = tools();
+    g.bench_function("harmony", |b| {
+        b.iter(|| {
+            let mut p = smg_parsers::harmony::parser(offered.clone());
+            for piece in &ps {
+                out.clear();
+                p.push(black_box(piece), &mut out);
+            }
+            out.clear();
+            p.finish(&mut out);
+            out.calls.len()
+        })
+    });
     for &name in smg_parsers::reasoning::NAMES {
         let Some(text) = markup::reasoning(name, &PROSE.repeat(3), PROSE) else { continue };
         let ps = pieces(&text);

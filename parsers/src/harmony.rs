@@ -134,9 +134,9 @@ impl Harmony {
                     self.searched = self.held.len();
                     let Some((i, token)) = end else {
                         if !matches!(body, Body::Call(_)) {
-                            let keep = partial_end(&self.held);
-                            let text: String = self.held.drain(..self.held.len() - keep).collect();
-                            push(body, &text, out);
+                            let n = self.held.len() - partial_end(&self.held);
+                            push(body, &self.held[..n], out);
+                            self.held.drain(..n);
                             self.searched = 0;
                         }
                         return;

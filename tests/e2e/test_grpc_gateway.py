@@ -27,11 +27,11 @@ def gateway_binary():
     return str(pathlib.Path(json.loads(meta)["target_directory"]) / "debug" / "smg")
 
 
-def grpc_stack(driver, tmp_path_factory, sim_args=(), gateway_args=()):
-    """This gateway (on `driver`) in front of one `smg-sim --grpc` with `sim_args`; yields
-    their base URLs once the gateway lists the model, and stops both after."""
+def grpc_stack(driver, tmp_path_factory, sim_args=(), gateway_args=(), model=MODEL):
+    """This gateway (on `driver`) in front of one `smg-sim --grpc` serving `model` with
+    `sim_args`; yields their base URLs once the gateway lists the model, and stops both after."""
     legacy = driver == "epoll"
-    sim, sim_port = start_sim(list(sim_args), legacy=False)
+    sim, sim_port = start_sim(list(sim_args), legacy=False, model=model)
     log = tmp_path_factory.mktemp("smg") / "gateway.log"
     env = dict(os.environ)
     env.pop("MONOIO_FORCE_LEGACY_DRIVER", None)
@@ -49,7 +49,7 @@ def grpc_stack(driver, tmp_path_factory, sim_args=(), gateway_args=()):
 
         def ready():
             assert gw.poll() is None, f"gateway exited: {log.read_text()[-3000:]}"
-            return [m["id"] for m in get_json(f"{base}/v1/models")["data"]] == [MODEL]
+            return [m["id"] for m in get_json(f"{base}/v1/models")["data"]] == [model]
 
         poll("gateway ready with the gRPC worker", ready, timeout=60)
         yield {"gw": base, "sim": f"http://127.0.0.1:{sim_port}"}

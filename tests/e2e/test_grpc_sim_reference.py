@@ -78,12 +78,12 @@ def poll(what, check, timeout):
     raise TimeoutError(f"{what} not within {timeout}s (last error: {last})")
 
 
-def start_sim(extra, legacy):
+def start_sim(extra, legacy, model=MODEL):
     env = dict(os.environ)
     env.pop("MONOIO_FORCE_LEGACY_DRIVER", None)
     if legacy:
         env["MONOIO_FORCE_LEGACY_DRIVER"] = "1"
-    p = subprocess.Popen([sim_binary(), "--grpc", "--host", "127.0.0.1", "--ports", "0", "--model", MODEL,
+    p = subprocess.Popen([sim_binary(), "--grpc", "--host", "127.0.0.1", "--ports", "0", "--model", model,
                           "--itl-ms", "2", *extra], stdout=subprocess.PIPE, text=True, env=env)
     port = None
     deadline = time.monotonic() + 30
