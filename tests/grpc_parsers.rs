@@ -372,6 +372,14 @@ fn gpt_oss_renders_harmony_and_reads_its_channels() {
                 assert!(!text.contains("<|"), "{what}: no Harmony token reaches the answer: {s:?}");
             }
         }
+        // separate_reasoning: false: the reasoning is content (before the answer), no marker.
+        for stream in [false, true] {
+            let body = chat(m, &format!(r#","stream":{stream},"separate_reasoning":false"#));
+            let s = said(&post(gw.port, "/v1/chat/completions", &body, &[]), stream);
+            assert!(s.reasoning.is_empty(), "{s:?}");
+            assert!(s.content.starts_with("The user asks about ") && s.content.ends_with(" is mild today."), "{s:?}");
+            assert!(!s.content.contains("<|"), "{s:?}");
+        }
         // The gateway counts the reasoning tokens (the simulator says one token a byte).
         let v = post(gw.port, "/v1/chat/completions", &chat(m, ""), &[]).json();
         let reasoning = v["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64();

@@ -83,7 +83,8 @@ pub enum ToolPlan {
     /// `tool_choice` named this function: the (constrained) answer is its arguments object.
     Named(String),
     /// A Harmony model's channels: reasoning, calls of these offered functions, content.
-    Harmony(Tools),
+    /// `separate: false` (`separate_reasoning: false`) gives the reasoning as content.
+    Harmony { tools: Tools, separate: bool },
 }
 
 /// One request's output plan: what each of its choices' parsers are.
@@ -142,17 +143,18 @@ impl OutputPlan {
         }
     }
 
-    /// The plan of a chat request `body` on a Harmony model: its channels are read (reasoning
-    /// always separated: Harmony has no markers to keep in the text), unless `tool_choice`
-    /// forces a call, whose constrained answer is that call's JSON as on other models.
+    /// The plan of a chat request `body` on a Harmony model: its channels are read (with
+    /// `separate_reasoning: false` the reasoning is content, its markers gone: they are
+    /// special tokens), unless `tool_choice` forces a call, whose constrained answer is that
+    /// call's JSON as on other models.
     pub fn of_harmony(body: &Value) -> Self {
         let flag = |k: &str, default: bool| body.get(k).and_then(|v| v.as_bool()).unwrap_or(default);
         let offered = body.get("tools").and_then(|t| t.as_array()).map(tools_of).unwrap_or_default();
         let tools = match forced_choice(body) {
             Forced::Named(name) => ToolPlan::Named(name),
             Forced::Required(_) if !offered.is_empty() => ToolPlan::Family("json", Tools::new(offered)),
-            Forced::No => ToolPlan::Harmony(Tools::default()),
-            _ => ToolPlan::Harmony(Tools::new(offered)),
+            Forced::No => ToolPlan::Harmony { tools: Tools::default(), separate: flag("separate_reasoning", true) },
+            _ => ToolPlan::Harmony { tools: Tools::new(offered), separate: flag("separate_reasoning", true) },
         };
         OutputPlan {
             reasoning: None,
@@ -173,7 +175,10 @@ impl OutputPlan {
         let tools: Option<Box<dyn ToolParser>> = match &self.tools {
             Some(ToolPlan::Family(n, t)) => smg_parsers::tools::by_name(n, t.clone()),
             Some(ToolPlan::Named(name)) => Some(Box::new(NamedCall { name: name.clone(), text: String::new() })),
-            Some(ToolPlan::Harmony(t)) => Some(smg_parsers::harmony::parser(t.clone())),
+            Some(ToolPlan::Harmony { tools, separate: true }) => Some(smg_parsers::harmony::parser(tools.clone())),
+            Some(ToolPlan::Harmony { tools, separate: false }) => {
+                Some(Box::new(Merged(smg_parsers::harmony::parser(tools.clone()))))
+            }
             None => None,
         };
         Box::new(Chain {
@@ -328,6 +333,31 @@ impl ToolParser for NamedCall {
         } else {
             out.content.push_str(&text);
         }
+    }
+}
+
+/// A parser whose reasoning is given as content, in front of the content of the same piece
+/// (Harmony with `separate_reasoning: false`: its reasoning comes first).
+struct Merged(Box<dyn ToolParser>);
+
+impl Merged {
+    fn merge(out: &mut Parsed) {
+        if !out.reasoning.is_empty() {
+            let reasoning = std::mem::take(&mut out.reasoning);
+            out.content.insert_str(0, &reasoning);
+        }
+    }
+}
+
+impl ToolParser for Merged {
+    fn push(&mut self, text: &str, out: &mut Parsed) {
+        self.0.push(text, out);
+        Merged::merge(out);
+    }
+
+    fn finish(&mut self, out: &mut Parsed) {
+        self.0.finish(out);
+        Merged::merge(out);
     }
 }
 
