@@ -169,16 +169,7 @@ impl Questions {
                 )));
             }
             let ids = tok.encode(&text, false).map_err(|e| Refusal::new(500, "tokenization_failed", e))?;
-            if let Some(window) = model.max_context.filter(|&w| ids.len() > w as usize) {
-                return Err(Refusal::new(
-                    400,
-                    "context_length_exceeded",
-                    format!(
-                        "This model's maximum context length is {window} tokens. However, question {i}'s prompt has {} tokens. Please reduce the length of the input.",
-                        ids.len()
-                    ),
-                ));
-            }
+            super::request::within_window(model, ids.len(), &format!("question {i}'s prompt"))?;
             let labels = label_ids(tok, &text, &item.labels).map_err(|label| {
                 unsupported(format!(
                     "question {i}: the answer label \"{label}\" is not one distinct token after the chat prompt"

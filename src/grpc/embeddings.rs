@@ -102,16 +102,7 @@ impl Embeddings {
                 }
                 Input::Ids(ids) => ids.clone(),
             };
-            if let Some(window) = model.max_context.filter(|&w| ids.len() > w as usize) {
-                return Err(Refusal::new(
-                    400,
-                    "context_length_exceeded",
-                    format!(
-                        "This model's maximum context length is {window} tokens. However, input {i} has {} tokens. Please reduce the length of the input.",
-                        ids.len()
-                    ),
-                ));
-            }
+            super::request::within_window(model, ids.len(), &format!("input {i}"))?;
             out.push(ids);
         }
         Ok(out)

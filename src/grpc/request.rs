@@ -70,6 +70,21 @@ impl Refusal {
     }
 }
 
+/// The one check of a prompt against the model's context window (chat, completions,
+/// `/generate`, each embeddings input, each Decisions question): `what` names the prompt in
+/// the refusal.
+pub fn within_window(model: &GrpcModel, tokens: usize, what: &str) -> Result<(), Refusal> {
+    match model.max_context.filter(|&w| tokens > w as usize) {
+        Some(window) => Err(bad(
+            "context_length_exceeded",
+            format!(
+                "This model's maximum context length is {window} tokens. However, {what} has {tokens} input tokens. Please reduce the length of the input."
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn bad(code: &'static str, message: impl Into<String>) -> Refusal {
     Refusal::new(400, code, message)
 }
@@ -103,16 +118,7 @@ pub fn prepare(kind: Kind, body: &Value, model: &GrpcModel) -> Result<Prepared, 
         Kind::Completions => (completion_prompts(body, model)?, false, OutputPlan::default()),
         Kind::Generate => (generate_prompts(body, model)?, false, OutputPlan::default()),
     };
-    if let Some(window) = model.max_context {
-        if let Some(longest) = prompts.iter().map(Vec::len).max().filter(|&l| l > window as usize) {
-            return Err(bad(
-                "context_length_exceeded",
-                format!(
-                    "This model's maximum context length is {window} tokens. However, your request has {longest} input tokens. Please reduce the length of the input."
-                ),
-            ));
-        }
-    }
+    within_window(model, prompts.iter().map(Vec::len).max().unwrap_or(0), "your request")?;
     // /generate's sampling fields sit in its `sampling_params` object, under SGLang's names.
     let empty = Value::new_object();
     let fields = match kind {
