@@ -17,7 +17,7 @@ import pytest
 
 from test_grpc_gateway import grpc_stack
 from test_grpc_sim_reference import get_json
-from test_grpc_tools import CITIES, WEATHER
+from test_grpc_tools import CITIES, WEATHER, accumulate
 
 MODEL = "openai/gpt-oss-20b"
 
@@ -67,20 +67,7 @@ def test_a_harmony_call_its_result_and_the_final_answer(client, stack):
 def test_streamed_harmony_deltas(client, stack):
     messages = [{"role": "user", "content": "What is the weather?"}]
     stream = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], stream=True)
-    calls, content, reasoning, finishes = {}, "", "", []
-    for chunk in stream:
-        for ch in chunk.choices:
-            d = ch.delta
-            content += d.content or ""
-            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
-            for tc in d.tool_calls or []:
-                slot = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-                slot["id"] = tc.id or slot["id"]
-                if tc.function:
-                    slot["name"] = tc.function.name or slot["name"]
-                    slot["arguments"] += tc.function.arguments or ""
-            if ch.finish_reason:
-                finishes.append(ch.finish_reason)
+    calls, content, reasoning, finishes = accumulate(stream)
     assert finishes == ["tool_calls"]
     call = calls[0]
     city = json.loads(call["arguments"])["city"]

@@ -38,6 +38,26 @@ def client(stack):
     return openai.OpenAI(base_url=f"{stack['gw']}/v1", api_key="not-needed", max_retries=0, timeout=60)
 
 
+def accumulate(stream):
+    """A streamed answer read the way SDK users accumulate it: the calls by index (id, name,
+    arguments joined), the content, the reasoning, and the finish reasons."""
+    calls, content, reasoning, finishes = {}, "", "", []
+    for chunk in stream:
+        for ch in chunk.choices:
+            d = ch.delta
+            content += d.content or ""
+            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+            for tc in d.tool_calls or []:
+                slot = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                slot["id"] = tc.id or slot["id"]
+                if tc.function:
+                    slot["name"] = tc.function.name or slot["name"]
+                    slot["arguments"] += tc.function.arguments or ""
+            if ch.finish_reason:
+                finishes.append(ch.finish_reason)
+    return calls, content, reasoning, finishes
+
+
 def finish_the_loop(client, stack, messages, call_id, city):
     """Sends the tool's result back; the (simulated) model answers in text."""
     messages = messages + [{"role": "tool", "tool_call_id": call_id, "content": f"Sunny in {city}."}]
@@ -73,20 +93,7 @@ def test_a_tool_call_its_result_and_the_final_answer(client, stack):
 def test_streamed_tool_call_deltas_accumulate_to_the_call(client, stack):
     messages = [{"role": "user", "content": "What is the weather?"}]
     stream = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], stream=True)
-    calls, content, reasoning, finishes = {}, "", "", []
-    for chunk in stream:
-        for ch in chunk.choices:
-            d = ch.delta
-            content += d.content or ""
-            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
-            for tc in d.tool_calls or []:
-                slot = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-                slot["id"] = tc.id or slot["id"]
-                if tc.function:
-                    slot["name"] = tc.function.name or slot["name"]
-                    slot["arguments"] += tc.function.arguments or ""
-            if ch.finish_reason:
-                finishes.append(ch.finish_reason)
+    calls, content, reasoning, finishes = accumulate(stream)
     assert finishes == ["tool_calls"]
     assert list(calls) == [0]
     call = calls[0]
