@@ -32,6 +32,56 @@ pub enum QuestionKind {
     Score,
 }
 
+/// The part of a `choice` or `score` answer that follows its `name`, as the contract's
+/// Response table writes it: `choice` (the most probable of `values`, the first on a tie) or
+/// `score` (Σ i·pᵢ), `confidence`, and `probabilities` in request order (a level's `value` is
+/// its index, its `label` the value sent). `ps` are the probabilities; `put_p(out, j)` writes
+/// the j-th as its source spells it, `put_confidence(out, top)` the confidence. Shared by
+/// System One's translation and the gRPC workers' scoring.
+pub fn put_verdict(
+    out: &mut Vec<u8>,
+    kind: QuestionKind,
+    values: &[Vec<u8>],
+    ps: &[f64],
+    put_p: impl Fn(&mut Vec<u8>, usize),
+    put_confidence: impl FnOnce(&mut Vec<u8>, usize),
+) {
+    let top = (0..ps.len()).fold(0, |best, j| if ps[j] > ps[best] { j } else { best });
+    if kind == QuestionKind::Choice {
+        out.extend_from_slice(b",\"choice\":");
+        out.extend_from_slice(&values[top]);
+    } else {
+        out.extend_from_slice(b",\"score\":");
+        put_f64(out, ps.iter().enumerate().map(|(j, p)| j as f64 * p).sum());
+    }
+    out.extend_from_slice(b",\"confidence\":");
+    put_confidence(out, top);
+    out.extend_from_slice(b",\"probabilities\":[");
+    for (j, value) in values.iter().enumerate().take(ps.len()) {
+        if j > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"value\":");
+        if kind == QuestionKind::Choice {
+            out.extend_from_slice(value);
+        } else {
+            smg_wire::num::put_dec(out, j as u64);
+            out.extend_from_slice(b",\"label\":");
+            out.extend_from_slice(value);
+        }
+        out.extend_from_slice(b",\"probability\":");
+        put_p(out, j);
+        out.push(b'}');
+    }
+    out.push(b']');
+}
+
+/// Shortest round-trip decimal of a finite number (a valid JSON number).
+pub fn put_f64(out: &mut Vec<u8>, x: f64) {
+    use std::io::Write;
+    let _ = write!(out, "{x}");
+}
+
 /// One choice (`value`) or level (`label`), with its optional `description`.
 #[derive(Clone, Copy, Debug)]
 pub struct Opt {

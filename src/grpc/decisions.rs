@@ -22,7 +22,7 @@ use smg_wire::num::put_dec;
 
 use super::model::GrpcModel;
 use super::request::Refusal;
-use crate::contract::decisions::{self, QuestionKind};
+use crate::contract::decisions::{self, put_f64, QuestionKind};
 use crate::contract::json::{self, Kind};
 use crate::tokenizer::{TemplateInput, Tokenizer};
 
@@ -289,35 +289,15 @@ pub fn answer(q: &Questions, rows: &[Row]) -> (Vec<u8>, u64) {
             out.push(b'}');
             continue;
         }
-        // The most probable option, the first on a tie.
-        let top = (0..ps.len()).fold(0, |best, j| if ps[j] > ps[best] { j } else { best });
-        if item.kind == QuestionKind::Choice {
-            out.extend_from_slice(b",\"choice\":");
-            out.extend_from_slice(&item.values[top]);
-        } else {
-            out.extend_from_slice(b",\"score\":");
-            put_f64(&mut out, ps.iter().enumerate().map(|(j, p)| j as f64 * p).sum());
-        }
-        out.extend_from_slice(b",\"confidence\":");
-        put_f64(&mut out, ps[top]);
-        out.extend_from_slice(b",\"probabilities\":[");
-        for (j, p) in ps.iter().enumerate() {
-            if j > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(b"{\"value\":");
-            if item.kind == QuestionKind::Choice {
-                out.extend_from_slice(&item.values[j]);
-            } else {
-                put_dec(&mut out, j as u64);
-                out.extend_from_slice(b",\"label\":");
-                out.extend_from_slice(&item.values[j]);
-            }
-            out.extend_from_slice(b",\"probability\":");
-            put_f64(&mut out, *p);
-            out.push(b'}');
-        }
-        out.extend_from_slice(b"]}");
+        decisions::put_verdict(
+            &mut out,
+            item.kind,
+            &item.values,
+            ps,
+            |o, j| put_f64(o, ps[j]),
+            |o, top| put_f64(o, ps[top]),
+        );
+        out.push(b'}');
     }
     let input: u64 = rows.iter().map(|r| u64::from(r.prompt_tokens)).sum();
     let cached: u64 = rows.iter().map(|r| u64::from(r.cached_tokens)).sum();
@@ -329,12 +309,6 @@ pub fn answer(q: &Questions, rows: &[Row]) -> (Vec<u8>, u64) {
     put_dec(&mut out, cached);
     out.extend_from_slice(b",\"cache_write_tokens\":0},\"output_tokens_details\":{\"reasoning_tokens\":0}}}");
     (out, input)
-}
-
-/// Shortest round-trip decimal of a finite number in 0..=10 (a valid JSON number).
-fn put_f64(out: &mut Vec<u8>, x: f64) {
-    use std::io::Write;
-    let _ = write!(out, "{x}");
 }
 
 #[cfg(test)]

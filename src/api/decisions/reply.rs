@@ -6,7 +6,7 @@
 //! copied as the worker spelled them. Anything that does not fit is `None` (→ 502).
 
 use super::request::Plan;
-use crate::contract::decisions::QuestionKind;
+use crate::contract::decisions::{put_verdict, QuestionKind};
 use crate::contract::json::{self, Doc, Kind};
 use smg_wire::json::put_str;
 use smg_wire::num::put_dec;
@@ -62,35 +62,8 @@ pub fn map_reply(reply: &[u8], plan: &Plan) -> Option<(Vec<u8>, u64)> {
                     found.push(probability(&doc, p?)?);
                 }
                 let ps: Vec<f64> = found.iter().map(|&p| doc.number(p)).collect();
-                if q.kind == QuestionKind::Choice {
-                    let top = (0..ps.len()).fold(0, |best, j| if ps[j] > ps[best] { j } else { best });
-                    out.extend_from_slice(b",\"choice\":");
-                    out.extend_from_slice(&q.values[top]);
-                } else {
-                    let score: f64 = ps.iter().enumerate().map(|(i, p)| i as f64 * p).sum();
-                    out.extend_from_slice(b",\"score\":");
-                    put_f64(&mut out, score);
-                }
-                out.extend_from_slice(b",\"confidence\":");
-                out.extend_from_slice(doc.raw(confidence));
-                out.extend_from_slice(b",\"probabilities\":[");
-                for (j, &p) in found.iter().enumerate() {
-                    if j > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(b"{\"value\":");
-                    if q.kind == QuestionKind::Choice {
-                        out.extend_from_slice(&q.values[j]);
-                    } else {
-                        put_dec(&mut out, j as u64);
-                        out.extend_from_slice(b",\"label\":");
-                        out.extend_from_slice(&q.values[j]);
-                    }
-                    out.extend_from_slice(b",\"probability\":");
-                    out.extend_from_slice(doc.raw(p));
-                    out.push(b'}');
-                }
-                out.push(b']');
+                let raw = |out: &mut Vec<u8>, v: usize| out.extend_from_slice(doc.raw(v));
+                put_verdict(&mut out, q.kind, &q.values, &ps, |o, j| raw(o, found[j]), |o, _| raw(o, confidence));
             }
         }
         out.push(b'}');
@@ -112,10 +85,4 @@ fn probability(doc: &Doc<'_>, v: usize) -> Option<usize> {
     }
     let p = doc.number(v);
     (p.is_finite() && (0.0..=1.0).contains(&p)).then_some(v)
-}
-
-/// Shortest round-trip decimal of a finite number (a valid JSON number).
-fn put_f64(out: &mut Vec<u8>, x: f64) {
-    use std::io::Write;
-    let _ = write!(out, "{x}");
 }
