@@ -21,7 +21,7 @@ use smg_wire::json::put_str;
 use smg_wire::num::put_dec;
 
 use super::model::GrpcModel;
-use super::request::Refusal;
+use super::refusal::Refusal;
 use crate::contract::decisions::{self, put_f64, QuestionKind};
 use crate::contract::json::{self, Kind};
 use crate::tokenizer::{TemplateInput, Tokenizer};

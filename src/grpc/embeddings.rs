@@ -15,7 +15,7 @@ use smg_wire::num::put_dec;
 use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 
 use super::model::GrpcModel;
-use super::request::Refusal;
+use super::refusal::Refusal;
 
 /// The request, model-independent.
 #[derive(Debug)]

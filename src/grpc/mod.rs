@@ -7,6 +7,7 @@
 //! - `conn`: a shard's multiplexed h2 connection per worker, over monoio's poll-io bridge;
 //! - `decisions`: a Decisions request as one scoring call per question, and its answer;
 //! - `embeddings`: an embeddings request as one Embed call per input, and the list;
+//! - `refusal`: why a request cannot go to the engine (its status, code and message);
 //! - `request`: an OpenAI request as GenerateRequests; `stop`: stop strings on decoded text;
 //! - `harmony`: gpt-oss models' chats, rendered and read in the Harmony format;
 //! - `native`: SGLang's `/generate` bodies and events;
@@ -27,6 +28,7 @@ pub mod logprobs;
 pub mod model;
 pub mod native;
 pub mod output;
+pub mod refusal;
 pub mod reply;
 pub mod request;
 pub mod stop;

@@ -10,6 +10,7 @@ use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 
 use super::model::GrpcModel;
 use super::output::OutputPlan;
+use super::refusal::Refusal;
 use crate::tokenizer::{TemplateInput, ThinkingAsk};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,26 +49,6 @@ pub struct Prepared {
     pub output: OutputPlan,
     /// A Harmony model's chat: its special tokens (the gateway counts reasoning tokens).
     pub harmony: Option<super::harmony::HarmonyTokens>,
-}
-
-/// Why a request cannot go to the engine as it is: its status, the contract's error code and
-/// the message; serve/ answers it in the API's error envelope. (Its own type, not the API's:
-/// this floor sits below the API.)
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: u16,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl Refusal {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Refusal { status, code, message: message.into() }
-    }
-
-    fn internal(code: &'static str, message: impl std::fmt::Display) -> Self {
-        Refusal::new(500, code, message.to_string())
-    }
 }
 
 /// The one check of a prompt against the model's context window (chat, completions,

@@ -94,7 +94,7 @@ impl GrpcRequest {
     /// canonical name the answer carries): Chat Completions, Completions, `/generate`,
     /// Decisions and embeddings.
     pub fn new(spec: &EndpointSpec, body: &[u8], model: Option<&str>) -> Result<Self, Failure> {
-        let refused = |r: request::Refusal| Failure::Rejected(ApiError::new(r.status, r.code, r.message));
+        let refused = |r: crate::grpc::refusal::Refusal| Failure::Rejected(ApiError::new(r.status, r.code, r.message));
         let route = match spec.schema {
             Some(Endpoint::Decisions) => {
                 let questions = decisions::read(body, model.unwrap_or("")).map_err(refused)?;
@@ -132,7 +132,7 @@ impl GrpcRequest {
 
     /// Prepared for `model` (kept when it is the model already prepared for).
     fn prepare(&mut self, model: &Arc<GrpcModel>) -> Result<(), ApiError> {
-        let refused = |r: request::Refusal| ApiError::new(r.status, r.code, r.message);
+        let refused = |r: crate::grpc::refusal::Refusal| ApiError::new(r.status, r.code, r.message);
         let fresh = |m: Option<&Arc<GrpcModel>>| !m.is_some_and(|m| Arc::ptr_eq(m, model));
         match &mut self.route {
             Route::Generate { kind, doc, prepared } => {

@@ -16,7 +16,7 @@
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
-use crate::grpc::request::Refusal;
+use crate::grpc::refusal::Refusal;
 
 fn failed(message: impl Into<String>) -> Refusal {
     Refusal::new(400, "harmony_build_failed", message)
