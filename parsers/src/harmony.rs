@@ -31,10 +31,13 @@ pub const CONSTRAIN: &str = "<|constrain|>";
 pub const END: &str = "<|end|>";
 pub const CALL: &str = "<|call|>";
 pub const RETURN: &str = "<|return|>";
-/// The tokens a message body ends at: its own end tokens, or the next message's start (a
-/// model that skipped `<|end|>`).
-const BODY_ENDS: [&str; 5] = [END, CALL, RETURN, START, CHANNEL];
-const LONGEST_END: usize = CHANNEL.len();
+/// The end of the text (gpt-oss's EOS besides `<|return|>` and `<|call|>`; an engine may
+/// leave it in the output ids, and the text is decoded with special tokens kept).
+pub const ENDOFTEXT: &str = "<|endoftext|>";
+/// The tokens a message body ends at: its own end tokens, the end of the text, or the next
+/// message's start (a model that skipped `<|end|>`).
+const BODY_ENDS: [&str; 6] = [END, CALL, RETURN, START, CHANNEL, ENDOFTEXT];
+const LONGEST_END: usize = ENDOFTEXT.len();
 /// Longer than any header a model writes: the text is not a header.
 const MAX_HEADER: usize = 512;
 
@@ -144,7 +147,7 @@ impl Harmony {
                     let text: String = self.held.drain(..i).collect();
                     self.end_body(&text, out);
                     // The next message's own tokens stay to start its header.
-                    if token == END || token == CALL || token == RETURN {
+                    if token == END || token == CALL || token == RETURN || token == ENDOFTEXT {
                         self.held.drain(..token.len());
                     }
                     self.state = State::Header;
@@ -289,6 +292,14 @@ mod tests {
         assert_eq!(parse("<|channel|>final<|message|>Cut off").content, "Cut off");
         let p = parse("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>fin");
         assert_eq!((p.reasoning.as_str(), p.content.as_str()), ("x", ""));
+    }
+
+    #[test]
+    fn an_eos_left_in_the_output_ends_the_message_and_is_not_text() {
+        let p = parse("<|channel|>final<|message|>Done.<|endoftext|>");
+        assert_eq!(p.content, "Done.");
+        let p = parse("<|channel|>commentary to=functions.get_weather<|message|>{\"city\":\"x\"}<|endoftext|>");
+        assert_eq!((p.calls.len(), p.content.as_str()), (1, ""));
     }
 
     #[test]
