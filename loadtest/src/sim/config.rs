@@ -2,6 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 
+use crate::sim::pd::{PdRole, PdSpec};
 use crate::sim::profile::{Profile, DEFAULTS};
 
 /// Which engine's HTTP surface a simulated worker presents.
@@ -185,6 +186,21 @@ pub struct SimArgs {
     /// (reproducible from the input ids: `embed::vector`), and Generate is refused.
     #[arg(long, requires = "grpc")]
     pub is_embedding: bool,
+
+    /// Prefill/decode disaggregation in SGLang's shape (HTTP mode only): every worker of this
+    /// process is a prefill or a decode server of a PD pair. Requests carry bootstrap_host,
+    /// bootstrap_port and bootstrap_room; see src/sim/pd/mod.rs and the README.
+    #[arg(long, value_enum)]
+    pub pd_role: Option<PdRole>,
+    /// With --pd-role prefill: port of each worker's bootstrap listener, where decode workers
+    /// fetch the KV. 0 picks a free port per worker; with several workers, worker k gets PORT+k.
+    /// Printed in the `listening` lines as bootstrap=HOST:PORT [default: 0].
+    #[arg(long)]
+    pub bootstrap_port: Option<u16>,
+    /// With --pd-role decode: how long a request waits for its KV before it fails with a 500
+    /// ("KV transfer failed").
+    #[arg(long, default_value_t = 10_000)]
+    pub handoff_timeout_ms: u64,
 }
 
 /// The --grpc mode of a worker.
@@ -256,6 +272,8 @@ pub struct WorkerSpec {
     pub max_body: usize,
     /// Serve the gRPC scheduler API instead of HTTP.
     pub grpc: Option<GrpcSpec>,
+    /// A prefill or decode server of a PD pair (--pd-role); None serves whole requests.
+    pub pd: Option<PdSpec>,
 }
 
 // === impl SimArgs ===
@@ -313,9 +331,19 @@ impl SimArgs {
             close_after_response: self.close_after_response,
             reported_load: None,
         };
+        self.check_pd(&groups)?;
         let mut specs = Vec::new();
         for (ports, model, runtime) in groups {
             for port in ports {
+                let pd = self.pd_role.map(|role| PdSpec {
+                    role,
+                    bootstrap_port: match self.bootstrap_port.unwrap_or(0) {
+                        0 => 0,
+                        // Checked by check_pd: every PORT+k fits.
+                        base => base + specs.len() as u16,
+                    },
+                    handoff_timeout: std::time::Duration::from_millis(self.handoff_timeout_ms),
+                });
                 specs.push(WorkerSpec {
                     port,
                     model: model.clone(),
@@ -335,10 +363,40 @@ impl SimArgs {
                     dp_size: self.dp_size,
                     max_body: self.max_body,
                     grpc: None,
+                    pd,
                 });
             }
         }
         Ok(specs)
+    }
+
+    /// The PD flags' rules: HTTP only, SGLang workers only, a bootstrap port only for prefill,
+    /// and room for one bootstrap port per worker above --bootstrap-port.
+    fn check_pd(&self, groups: &[(Vec<u16>, String, Runtime)]) -> Result<(), String> {
+        let Some(role) = self.pd_role else {
+            return match self.bootstrap_port {
+                Some(_) => Err("--bootstrap-port needs --pd-role prefill".into()),
+                None => Ok(()),
+            };
+        };
+        if self.grpc {
+            return Err("--pd-role is not supported with --grpc yet: PD roles serve the HTTP API only".into());
+        }
+        if groups.iter().any(|g| g.2 != Runtime::Sglang) {
+            return Err(
+                "--pd-role simulates SGLang's prefill/decode servers: every worker must be --runtime sglang".into()
+            );
+        }
+        if self.bootstrap_port.is_some() && role != PdRole::Prefill {
+            return Err("--bootstrap-port needs --pd-role prefill".into());
+        }
+        let workers: usize = groups.iter().map(|g| g.0.len()).sum();
+        if let Some(base) = self.bootstrap_port.filter(|p| *p > 0) {
+            if base as usize + workers - 1 > u16::MAX as usize {
+                return Err(format!("--bootstrap-port {base}: no room for {workers} ports above it"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -388,6 +446,34 @@ mod tests {
         let s = &SimArgs::parse_from(["smg-sim"]).worker_specs().unwrap()[0];
         assert_eq!((s.flap_health_ms, s.dp_size, s.faults.close_after_response), (0, 1, false));
         assert!(SimArgs::parse_from(["smg-sim", "--dp-size", "0"]).worker_specs().is_err());
+    }
+
+    #[test]
+    fn pd_flags() {
+        let specs =
+            SimArgs::parse_from(["smg-sim", "--ports", "0,0", "--pd-role", "prefill", "--bootstrap-port", "9000"])
+                .worker_specs()
+                .unwrap();
+        let got: Vec<_> = specs.iter().map(|s| s.pd.as_ref().map(|p| (p.role, p.bootstrap_port))).collect();
+        assert_eq!(got, [Some((PdRole::Prefill, 9000)), Some((PdRole::Prefill, 9001))]);
+        let s = &SimArgs::parse_from(["smg-sim", "--pd-role", "prefill"]).worker_specs().unwrap()[0];
+        assert_eq!(s.pd.as_ref().map(|p| p.bootstrap_port), Some(0));
+        let s = &SimArgs::parse_from(["smg-sim", "--pd-role", "decode", "--handoff-timeout-ms", "250"])
+            .worker_specs()
+            .unwrap()[0];
+        let pd = s.pd.as_ref().unwrap();
+        assert_eq!((pd.role, pd.handoff_timeout), (PdRole::Decode, std::time::Duration::from_millis(250)));
+        assert_eq!(SimArgs::parse_from(["smg-sim"]).worker_specs().unwrap()[0].pd, None);
+        for bad in [
+            &["--pd-role", "prefill", "--grpc"][..],
+            &["--pd-role", "decode", "--bootstrap-port", "9000"],
+            &["--bootstrap-port", "9000"],
+            &["--pd-role", "prefill", "--runtime", "vllm"],
+            &["--pd-role", "prefill", "--ports", "1,2", "--bootstrap-port", "65535"],
+        ] {
+            let args = SimArgs::parse_from(["smg-sim"].iter().chain(bad));
+            assert!(args.worker_specs().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@ use monoio::net::TcpStream;
 use monoio::time::Instant;
 
 use crate::rt::write_out;
-use crate::sim::render::{flush_events, put_head, Framing, Gen, DONE_EVENT};
+use crate::sim::handoff;
+use crate::sim::pd::Handoff;
+use crate::sim::render::{flush_events, put_error_body, put_head, put_response, Framing, Gen, DONE_EVENT};
 use crate::sim::request::Api;
 use crate::sim::routes::Job;
 use crate::sim::timing::{self, Schedule};
@@ -37,11 +39,33 @@ pub async fn run(
     s: &mut Scratch,
     keep_alive: bool,
 ) -> io::Result<bool> {
+    // A PD decode server takes the request into its batch only once the KV is here; without it
+    // the request is not generated (SGLang aborts it with a 500).
+    if let (Handoff::Decode(legs), Some(pd)) = (&job.handoff, w.pd.as_ref()) {
+        if let Err(msg) = handoff::receive(w, legs, pd.handoff_timeout).await {
+            s.events.clear();
+            put_error_body(&mut s.events, 500, &msg);
+            put_response(&mut s.out, 500, "application/json", &s.events, keep_alive, &w.extra_headers);
+            write_out(stream, &mut s.out).await?;
+            return Ok(keep_alive);
+        }
+    }
     let held_tokens = job.prompt_tokens + job.output_tokens as u64;
     let permit = w.gate.admit(held_tokens).await;
     let admitted = Instant::now();
     bump(&w.stats.used_tokens, held_tokens);
-    let sched = timing::schedule(&w.timing.get(), job.prompt_tokens - job.cached_tokens, w.running(), w.max_running);
+    let sched = match job.handoff {
+        Handoff::Decode(_) => timing::decode_schedule(&w.timing.get(), w.running(), w.max_running),
+        _ => timing::schedule(&w.timing.get(), job.prompt_tokens - job.cached_tokens, w.running(), w.max_running),
+    };
+    if let (Handoff::Prefill(rooms), Some(pd)) = (&job.handoff, w.pd.as_ref()) {
+        // The prompt's KV exists once its first token is due: from then on the decode may take
+        // it. The one-token answer below is then due at once.
+        sleep_until(admitted + sched.first_token).await;
+        for room in rooms {
+            pd.rooms.finish(*room);
+        }
+    }
     let gen = Gen {
         api: job.api,
         port: w.port,

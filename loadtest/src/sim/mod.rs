@@ -7,14 +7,19 @@
 //! Boot order: every thread binds its ports, reports them, then the main thread prints one
 //! `listening` line per worker followed by `ready` (tests and scripts wait for that line).
 //!
-//! With `--grpc` the ports speak SGLang's scheduler gRPC API instead (grpc/mod.rs).
+//! With `--grpc` the ports speak SGLang's scheduler gRPC API instead (grpc/mod.rs). With
+//! `--pd-role` the workers are prefill or decode servers of SGLang PD pairs (pd/mod.rs); a prefill
+//! worker also binds its bootstrap port here, and its `listening` line says where.
 
 pub mod admission;
+pub mod bootstrap;
 pub mod config;
 pub mod engine;
 pub mod faults;
 pub mod grpc;
+pub mod handoff;
 pub mod http;
+pub mod pd;
 pub mod prefix_cache;
 pub mod profile;
 pub mod realtime;
@@ -61,7 +66,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     let threads = args.threads.clamp(1, specs.len());
     let cores = args.cores.as_deref().map(rt::parse_cores).transpose()?;
     let host: IpAddr = args.host.parse().map_err(|_| format!("bad --host {:?}", args.host))?;
-    let (tx, rx) = mpsc::channel::<Result<Vec<(usize, u16)>, String>>();
+    let (tx, rx) = mpsc::channel::<Result<Vec<Bound>, String>>();
     let mut joins = Vec::new();
     for t in 0..threads {
         let mine: Vec<(usize, WorkerSpec)> =
@@ -85,7 +90,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         joins.push(join);
     }
     drop(tx);
-    let mut bound: Vec<(usize, u16)> = Vec::new();
+    let mut bound: Vec<Bound> = Vec::new();
     for _ in 0..threads {
         match rx.recv() {
             Ok(Ok(b)) => bound.extend(b),
@@ -93,11 +98,17 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             Err(_) => return Err("a simulator thread exited during start-up".into()),
         }
     }
-    bound.sort_unstable();
-    for (i, port) in &bound {
-        let s = &specs[*i];
+    bound.sort_unstable_by_key(|b| b.index);
+    for b in &bound {
+        let s = &specs[b.index];
         let proto = if s.grpc.is_some() { " protocol=grpc" } else { "" };
-        println!("listening {host}:{port} model={} runtime={}{proto}", s.model, s.runtime.name());
+        // Appended after the older fields: scripts parse this line's prefix.
+        let pd = match (&s.pd, b.bootstrap) {
+            (Some(pd), Some(bport)) => format!(" role={} bootstrap={host}:{bport}", pd.role.name()),
+            (Some(pd), None) => format!(" role={}", pd.role.name()),
+            (None, _) => String::new(),
+        };
+        println!("listening {host}:{} model={} runtime={}{proto}{pd}", b.port, s.model, s.runtime.name());
     }
     println!("ready driver={} threads={threads}", rt::driver_name());
     for j in joins {
@@ -106,28 +117,53 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     Ok(())
 }
 
-async fn serve_thread(
-    host: IpAddr,
-    mine: Vec<(usize, WorkerSpec)>,
-    tx: mpsc::Sender<Result<Vec<(usize, u16)>, String>>,
-) {
+/// A worker's bound ports, reported by its thread for the `listening` lines.
+struct Bound {
+    /// Index into the specs.
+    index: usize,
+    port: u16,
+    /// A PD prefill worker's bootstrap port.
+    bootstrap: Option<u16>,
+}
+
+async fn serve_thread(host: IpAddr, mine: Vec<(usize, WorkerSpec)>, tx: mpsc::Sender<Result<Vec<Bound>, String>>) {
+    let bind = |port: u16| {
+        let addr = SocketAddr::new(host, port);
+        let l = rt::listen(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+        let bound = l.local_addr().map(|a| a.port()).unwrap_or(port);
+        Ok::<_, String>((l, bound))
+    };
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
-    for (i, spec) in mine {
-        let addr = SocketAddr::new(host, spec.port);
-        let l = match rt::listen(addr) {
-            Ok(l) => l,
+    for (index, spec) in mine {
+        let (l, port) = match bind(spec.port) {
+            Ok(b) => b,
             Err(e) => {
-                let _ = tx.send(Err(format!("bind {addr}: {e}")));
+                let _ = tx.send(Err(e));
                 return;
             }
         };
-        let port = l.local_addr().map(|a| a.port()).unwrap_or(spec.port);
-        bound.push((i, port));
-        listeners.push((Worker::new(&spec, port), l));
+        let bootstrap = match &spec.pd {
+            Some(pd) if pd.role == pd::PdRole::Prefill => match bind(pd.bootstrap_port) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    let _ = tx.send(Err(format!("bootstrap: {e}")));
+                    return;
+                }
+            },
+            _ => None,
+        };
+        bound.push(Bound { index, port, bootstrap: bootstrap.as_ref().map(|b| b.1) });
+        listeners.push((Worker::new(&spec, port), l, bootstrap.map(|b| b.0)));
     }
     let _ = tx.send(Ok(bound));
-    let handles: Vec<_> = listeners.into_iter().map(|(w, l)| monoio::spawn(accept_loop(w, l))).collect();
+    let mut handles = Vec::new();
+    for (w, l, bootstrap) in listeners {
+        if let Some(b) = bootstrap {
+            handles.push(monoio::spawn(bootstrap::serve(w.clone(), b)));
+        }
+        handles.push(monoio::spawn(accept_loop(w, l)));
+    }
     for h in handles {
         h.await;
     }

@@ -9,6 +9,7 @@ use sonic_rs::JsonValueTrait;
 
 use crate::sim::config::{ms_to_us, Runtime};
 use crate::sim::faults::{self, Fault};
+use crate::sim::pd::{self, Handoff, PdRole};
 use crate::sim::realtime;
 use crate::sim::render::{put_embeddings_body, put_error_body, put_response};
 use crate::sim::request::{self, Api};
@@ -76,7 +77,7 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
 }
 
 /// A generation request ready for the timing model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Job {
     pub api: Api,
     pub stream: bool,
@@ -88,6 +89,8 @@ pub struct Job {
     pub hit_limit: bool,
     /// Some(after) when the response is to be cut off.
     pub truncate: Option<Option<u32>>,
+    /// A PD worker's part: rooms to mark finished (prefill) or to wait for (decode).
+    pub(crate) handoff: Handoff,
 }
 
 /// What the connection does next.
@@ -204,6 +207,10 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
             }
         }
     }
+    let handoff = match pd_handoff(w, api, body) {
+        Ok(h) => h,
+        Err(e) => return error_reply(out, 400, &e, keep_alive, &w.extra_headers),
+    };
     let fault = faults::draw(&w.faults.get(), &w.rng);
     let truncate = match fault {
         Fault::Fail { status } => {
@@ -228,7 +235,11 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
         bump(&w.stats.completed, 1);
         return Action::Reply { keep_alive };
     }
-    let (output_tokens, hit_limit) = timing::output_tokens(&w.timing.get(), req.max_tokens);
+    let (output_tokens, hit_limit) = match handoff {
+        // A prefill server answers with the first token only; the decode server generates the rest.
+        Handoff::Prefill(_) => (1, true),
+        _ => timing::output_tokens(&w.timing.get(), req.max_tokens),
+    };
     Action::Generate(Job {
         api,
         stream: req.stream,
@@ -238,7 +249,21 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
         output_tokens,
         hit_limit,
         truncate,
+        handoff,
     })
+}
+
+/// A PD worker's bootstrap fields for a generation request (a 400 when the role's are missing).
+fn pd_handoff(w: &Worker, api: Api, body: &[u8]) -> Result<Handoff, String> {
+    let Some(role) = w.pd.as_ref().map(|p| p.role) else { return Ok(Handoff::None) };
+    if api == Api::Embeddings {
+        return Ok(Handoff::None);
+    }
+    let fields = pd::fields::read(body)?;
+    match role {
+        PdRole::Prefill => fields.rooms().map(Handoff::Prefill),
+        PdRole::Decode => fields.legs().map(Handoff::Decode),
+    }
 }
 
 /// SGLang's `/v1/loads` schema, one DP rank (the simulated ranks share one batch). The request
@@ -294,6 +319,18 @@ pub fn stats_body(w: &Worker) -> String {
         let _ = write!(out, "{}{}", if i == 0 { "" } else { "," }, c.get());
     }
     out.push(']');
+    let _ = write!(
+        out,
+        ",\"pd_role\":{},\"handoffs_served\":{},\"handoffs_waited\":{},\"handoffs_failed\":{},\"handoff_wait_ms\":{:.3}",
+        w.pd.as_ref().map_or_else(|| "null".to_string(), |p| format!("\"{}\"", p.role.name())),
+        s.handoffs_served.get(),
+        s.handoffs_waited.get(),
+        s.handoffs_failed.get(),
+        s.handoff_wait_us.get() as f64 / 1000.0,
+    );
+    if let Some(pd) = w.pd.as_ref().filter(|p| p.role == PdRole::Prefill) {
+        let _ = write!(out, ",\"handoffs_pending\":{}", pd.rooms.pending());
+    }
     if w.grpc.is_some() {
         let _ = write!(out, ",\"grpc\":{}", w.grpc_state.stats_json());
     }
@@ -466,6 +503,34 @@ mod tests {
         let ranks: Vec<u64> = st["dp_rank_requests"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
         assert_eq!(ranks, [1, 2]);
         assert_eq!(st["settings"]["dp_size"].as_u64(), Some(2));
+    }
+
+    #[test]
+    fn pd_roles_read_bootstrap_fields() {
+        let body = r#"{"prompt":"p","max_tokens":9,"bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":[4,5]}"#;
+        let job = |w: &Worker| {
+            let mut out = Vec::new();
+            match dispatch(w, Route::Infer(Api::Completions), true, body.as_bytes(), true, &mut out) {
+                Action::Generate(job) => job,
+                other => panic!("{other:?}"),
+            }
+        };
+        let prefill = worker(&["--pd-role", "prefill"]);
+        let j = job(&prefill);
+        assert_eq!((j.output_tokens, j.hit_limit, j.handoff), (1, true, Handoff::Prefill(vec![4, 5])));
+        let decode = worker(&["--pd-role", "decode"]);
+        let j = job(&decode);
+        assert_eq!(j.output_tokens, 9);
+        assert!(matches!(&j.handoff, Handoff::Decode(legs) if legs.len() == 2 && legs[1].room == 5));
+        assert_eq!(job(&worker(&[])).handoff, Handoff::None);
+        for w in [&prefill, &decode] {
+            assert_eq!(call(w, Route::Infer(Api::Generate), r#"{"text":"a"}"#).0, 400);
+        }
+        assert_eq!(call(&decode, Route::Infer(Api::Generate), r#"{"text":"a","bootstrap_room":1}"#).0, 400);
+        let st = call(&decode, Route::SimStats, "").1;
+        assert_eq!(st["pd_role"].as_str(), Some("decode"));
+        assert_eq!(st["handoffs_failed"].as_u64(), Some(0));
+        assert!(call(&worker(&[]), Route::SimStats, "").1["pd_role"].is_null());
     }
 
     #[test]

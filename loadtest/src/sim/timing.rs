@@ -42,6 +42,14 @@ pub fn schedule(t: &Timing, uncached_tokens: u64, running: usize, max_running: u
     Schedule { first_token, itl: itl(t, running, max_running) }
 }
 
+/// Plans a PD decode server's request: its KV came from the prefill server, so the prompt costs
+/// nothing here and the first token is one decode step after admission (the wait for the KV
+/// happens before admission).
+pub fn decode_schedule(t: &Timing, running: usize, max_running: usize) -> Schedule {
+    let itl = itl(t, running, max_running);
+    Schedule { first_token: itl, itl }
+}
+
 /// The gap between tokens with `running` of `max_running` slots busy: decode steps get slower as
 /// the batch fills, linear from 1 running request to a full batch.
 pub fn itl(t: &Timing, running: usize, max_running: usize) -> Duration {
@@ -99,6 +107,14 @@ mod tests {
         assert_eq!(warm.first_token, Duration::from_millis(50));
         assert_eq!(warm.token_due(2), Duration::from_millis(70));
         assert_eq!(warm.done_after(1), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn decode_skips_prefill() {
+        let t = timing();
+        let s = decode_schedule(&t, 1, 5);
+        assert_eq!((s.first_token, s.itl), (Duration::from_millis(10), Duration::from_millis(10)));
+        assert_eq!(decode_schedule(&t, 5, 5).first_token, Duration::from_millis(20));
     }
 
     #[test]

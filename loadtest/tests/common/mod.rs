@@ -29,6 +29,8 @@ pub fn driver_env(cmd: &mut Command, legacy: bool) {
 pub struct Sim {
     pub child: Child,
     pub ports: Vec<u16>,
+    /// The `listening` lines, one per worker, in port order.
+    pub lines: Vec<String>,
 }
 
 impl Sim {
@@ -39,17 +41,19 @@ impl Sim {
         let mut child = cmd.spawn().expect("spawn smg-sim");
         let stdout = child.stdout.take().unwrap();
         let mut ports = Vec::new();
+        let mut lines = Vec::new();
         for line in BufReader::new(stdout).lines() {
             let line = line.unwrap();
             if let Some(rest) = line.strip_prefix("listening ") {
                 let addr = rest.split_whitespace().next().unwrap();
                 ports.push(addr.rsplit(':').next().unwrap().parse().unwrap());
+                lines.push(line.clone());
             } else if line.starts_with("ready") {
                 break;
             }
         }
         assert!(!ports.is_empty(), "smg-sim did not start with {args:?}");
-        Sim { child, ports }
+        Sim { child, ports, lines }
     }
 
     pub fn port(&self) -> u16 {

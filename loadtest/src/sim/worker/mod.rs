@@ -12,6 +12,7 @@ use crate::rng::Rng;
 use crate::sim::admission::Gate;
 use crate::sim::config::{FaultPlan, GrpcSpec, Runtime, Timing, WorkerSpec};
 use crate::sim::faults::Health;
+use crate::sim::pd::PdState;
 use crate::sim::prefix_cache::PrefixCache;
 use crate::sim::render::put_json_str;
 use crate::sync::Event;
@@ -33,6 +34,14 @@ pub struct Stats {
     pub used_tokens: Cell<u64>,
     /// Inference requests that named a "data_parallel_rank", per rank (length --dp-size).
     pub dp_rank_requests: Vec<Cell<u64>>,
+    /// Prefill: rooms handed to a decode (bootstrap answers 200).
+    pub handoffs_served: Cell<u64>,
+    /// Decode: rooms whose KV arrived.
+    pub handoffs_waited: Cell<u64>,
+    /// Decode: rooms whose KV never arrived (each failed a request with a 500).
+    pub handoffs_failed: Cell<u64>,
+    /// Decode: time requests spent waiting for KV, in µs.
+    pub handoff_wait_us: Cell<u64>,
 }
 
 /// Adds `n` to a counter cell.
@@ -80,6 +89,8 @@ pub struct Worker {
     pub grpc: Option<GrpcSpec>,
     /// gRPC-only bookkeeping (requests in flight by id, aborts seen).
     pub grpc_state: GrpcState,
+    /// The prefill or decode role of a PD pair (--pd-role); None serves whole requests.
+    pub(crate) pd: Option<PdState>,
 }
 
 // === impl Worker ===
@@ -146,6 +157,7 @@ impl Worker {
             next_conn: Cell::new(0),
             grpc: spec.grpc.clone(),
             grpc_state: GrpcState::default(),
+            pd: spec.pd.as_ref().map(PdState::new),
         })
     }
 
