@@ -71,6 +71,8 @@ fn byte_char(b: u8) -> char {
 /// The vocabulary (index = id) and merges, built once.
 struct Vocab {
     tokens: Vec<String>,
+    /// Each token's bytes (a special token's text; a byte-level token's bytes), by id.
+    bytes: Vec<Vec<u8>>,
     merges: Vec<(String, String)>,
     /// Ids of whole words with a leading space (what the model outputs after its first word).
     word_ids: Vec<u32>,
@@ -110,7 +112,22 @@ fn vocab() -> &'static Vocab {
             }
         }
         tokens.extend(HARMONY_SPECIALS.iter().map(|s| s.to_string()));
-        Vocab { tokens, merges, word_ids, bare_ids }
+        let mut unbyte = std::collections::HashMap::with_capacity(256);
+        for b in 0..=255u8 {
+            unbyte.insert(byte_char(b), b);
+        }
+        let bytes = tokens
+            .iter()
+            .enumerate()
+            .map(|(id, t)| {
+                if id < SPECIALS.len() || HARMONY_SPECIALS.contains(&t.as_str()) {
+                    t.as_bytes().to_vec()
+                } else {
+                    t.chars().filter_map(|c| unbyte.get(&c).copied()).collect()
+                }
+            })
+            .collect();
+        Vocab { tokens, bytes, merges, word_ids, bare_ids }
     })
 }
 
@@ -166,12 +183,7 @@ pub fn prompt_holds(ids: &[u32], needle: &str) -> bool {
     let v = vocab();
     let mut bytes = Vec::with_capacity(ids.len() * 4);
     for &id in ids {
-        let Some(t) = v.tokens.get(id as usize) else { continue };
-        if (id as usize) < SPECIALS.len() || HARMONY_SPECIALS.contains(&t.as_str()) {
-            bytes.extend_from_slice(t.as_bytes());
-        } else {
-            bytes.extend(t.chars().filter_map(|c| (0..=255u8).find(|&b| byte_char(b) == c)));
-        }
+        bytes.extend_from_slice(v.bytes.get(id as usize).map_or(&[][..], Vec::as_slice));
     }
     bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
@@ -183,13 +195,7 @@ pub fn byte_id(b: u8) -> u32 {
 
 /// The text of token `id` (its bytes as UTF-8, lossy), for tests and logs.
 pub fn token_text(id: u32) -> String {
-    let v = vocab();
-    let Some(t) = v.tokens.get(id as usize) else { return String::new() };
-    if (id as usize) < SPECIALS.len() || HARMONY_SPECIALS.contains(&t.as_str()) {
-        return t.clone();
-    }
-    let bytes: Vec<u8> = t.chars().filter_map(|c| (0..=255u8).find(|&b| byte_char(b) == c)).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+    vocab().bytes.get(id as usize).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
 }
 
 /// Every special token with its id: ChatML's first, Harmony's last.
