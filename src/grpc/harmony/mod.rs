@@ -149,6 +149,25 @@ mod tests {
     }
 
     #[test]
+    fn a_model_is_harmony_by_name_architecture_or_type_when_its_vocabulary_has_the_tokens() {
+        use smg_loadtest::sim::grpc::tokenizer as sim;
+        let with = Tokenizer::from_parts(sim::tokenizer_json().as_bytes(), Some(&sim::tokenizer_config_json()), None)
+            .expect("the simulator's tokenizer");
+        let arch = |a: &str| vec![a.to_string()];
+        assert!(HarmonyTokens::detect(&["openai/GPT-OSS-120b"], &[], "", &with).is_some(), "by name, any case");
+        assert!(HarmonyTokens::detect(&["house-model"], &arch("GptOssForCausalLM"), "", &with).is_some());
+        assert!(HarmonyTokens::detect(&["house-model"], &[], "gpt_oss", &with).is_some());
+        assert!(HarmonyTokens::detect(&["Qwen/Qwen3-8B"], &arch("Qwen3ForCausalLM"), "qwen3", &with).is_none());
+        let t = HarmonyTokens::detect(&["gpt-oss"], &[], "", &with).unwrap();
+        assert_eq!(Some(t.call), with.token_to_id("<|call|>"));
+        assert_eq!(t.stops(), [t.ret, t.call]);
+        // A gpt-oss model whose vocabulary lacks Harmony's tokens keeps its template.
+        let json = sim::tokenizer_json().replace("<|call|>", "<|not_call|>");
+        let without = Tokenizer::from_parts(json.as_bytes(), Some(&sim::tokenizer_config_json()), None).unwrap();
+        assert!(HarmonyTokens::detect(&["openai/gpt-oss-20b"], &[], "", &without).is_none());
+    }
+
+    #[test]
     fn dates_are_civil_utc() {
         assert_eq!(date_of(0), "1970-01-01");
         assert_eq!(date_of(951_782_400), "2000-02-29");
