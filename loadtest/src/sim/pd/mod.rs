@@ -10,15 +10,15 @@
 //!   prefill time as any worker does, marks the room(s) finished on its bootstrap listener, and
 //!   answers with one token in the request's own shape (finish_reason "length").
 //! - A **decode** worker needs all three fields. Before the request takes a batch slot it waits for
-//!   the KV of every room ([`handoff`](crate::sim::handoff)); then it answers as any worker does,
-//!   except that the prompt costs no prefill: TTFT is the handoff wait plus one decode step. When the KV never comes (the
-//!   bootstrap server is unreachable, says 404, or `--handoff-timeout-ms` runs out) the request is
-//!   not generated and the answer is a 500 whose message starts with `KV transfer failed`.
+//!   the KV of every room (sim/handoff.rs); then it answers as any worker does, except that the
+//!   prompt costs no prefill: TTFT is the handoff wait plus one decode step. When the KV never
+//!   comes (the bootstrap server is unreachable, says 404, or `--handoff-timeout-ms` runs out)
+//!   the request is not generated and the answer is a 500 whose message starts with
+//!   `KV transfer failed`.
 //!
 //! The handoff is our own, simulated: real SGLang moves KV through Mooncake/NIXL after a
 //! bootstrap exchange; here only its timing and failure modes matter. Each prefill worker serves
-//! HTTP/1.1 on its bootstrap port ([`bootstrap`](crate::sim::bootstrap)), one request per
-//! connection:
+//! HTTP/1.1 on its bootstrap port (sim/bootstrap.rs), one request per connection:
 //!
 //! - `GET /handoff/{room}?wait_ms=N` answers `200` as soon as that room's prefill has finished on
 //!   this worker (at once when it already has: finished rooms are remembered for 60 s, at most
