@@ -9,7 +9,7 @@
 //! Run: `cargo bench --bench parsers`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use smg_parsers::{markup, Parsed, Tool, Tools};
+use smg_parsers::{markup, Parsed, Tool, ToolParser, Tools};
 
 const PROSE: &str = "The weather in Paris is usually mild in spring, with rain showers and sunny spells; \
      pack a light coat and an umbrella, and check the forecast before you go out. ";
@@ -38,72 +38,49 @@ fn tools() -> Tools {
 /// get_weather(city="Paris", days=3).
 const ARGS: &[(&str, &str)] = &[("city", "\"Paris\""), ("days", "3")];
 
+/// The pieces through a parser, then its finish: how many calls it gave.
+fn feed(mut p: Box<dyn ToolParser>, ps: &[&str], out: &mut Parsed) -> usize {
+    let mut calls = 0;
+    for piece in ps {
+        out.clear();
+        p.push(piece, out);
+        calls += out.calls.len();
+    }
+    out.clear();
+    p.finish(out);
+    calls + out.calls.len()
+}
+
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("parsers");
     let mut out = Parsed::default();
-    for &name in smg_parsers::tools::NAMES {
-        let call = markup::call(name, "get_weather", ARGS, 0).unwrap();
-        let text = if markup::stands_alone(name) { call } else { format!("{}{call}{}", PROSE.repeat(3), PROSE) };
-        let ps = pieces(&text);
-        // The markup must be read as a call, or the bench measures the wrong path.
-        let mut p = smg_parsers::tools::by_name(name, tools()).unwrap();
-        let mut calls = 0;
-        for piece in &ps {
-            out.clear();
-            p.push(piece, &mut out);
-            calls += out.calls.len();
-        }
-        out.clear();
-        p.finish(&mut out);
-        calls += out.calls.len();
-        assert_eq!(calls, 1, "{name}: the call was not parsed from {text:?}");
-        g.throughput(Throughput::Elements(ps.len() as u64));
-        // The request's tools are read once; each choice's parser holds a clone (a count).
-        let offered = tools();
-        g.bench_function(format!("tools/{name}"), |b| {
-            b.iter(|| {
-                let mut p = smg_parsers::tools::by_name(name, offered.clone()).unwrap();
-                for piece in &ps {
-                    out.clear();
-                    p.push(black_box(piece), &mut out);
-                }
-                out.clear();
-                p.finish(&mut out);
-                out.calls.len()
-            })
-        });
-    }
-    // gpt-oss's Harmony channels: reasoning on analysis, then a call on commentary (the text
-    // the gateway decodes with special tokens kept).
+    // Each tool family's markup after some prose (or alone, for the families whose whole answer
+    // is the call), then gpt-oss's Harmony channels: reasoning on analysis, then a call on
+    // commentary (the text the gateway decodes with special tokens kept).
+    type Make = Box<dyn Fn(Tools) -> Box<dyn ToolParser>>;
+    let mut cases: Vec<(String, String, Make)> = smg_parsers::tools::NAMES
+        .iter()
+        .map(|&name| {
+            let call = markup::call(name, "get_weather", ARGS, 0).unwrap();
+            let text = if markup::stands_alone(name) { call } else { format!("{}{call}{}", PROSE.repeat(3), PROSE) };
+            let make: Make = Box::new(move |t| smg_parsers::tools::by_name(name, t).unwrap());
+            (format!("tools/{name}"), text, make)
+        })
+        .collect();
     let harmony = format!(
         "<|channel|>analysis<|message|>{}<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{{\"city\":\"Paris\",\"days\":3}}<|call|>",
         PROSE.repeat(4)
     );
-    let ps = pieces(&harmony);
-    let mut p = smg_parsers::harmony::parser(tools());
-    let mut calls = 0;
-    for piece in &ps {
-        out.clear();
-        p.push(piece, &mut out);
-        calls += out.calls.len();
+    cases.push(("harmony".into(), harmony, Box::new(smg_parsers::harmony::parser)));
+    for (label, text, make) in &cases {
+        let ps = pieces(text);
+        // The markup must be read as a call, or the bench measures the wrong path.
+        assert_eq!(feed(make(tools()), &ps, &mut out), 1, "{label}: the call was not parsed from {text:?}");
+        g.throughput(Throughput::Elements(ps.len() as u64));
+        // The request's tools are read once; each choice's parser holds a clone (a count).
+        let offered = tools();
+        g.bench_function(label.as_str(), |b| b.iter(|| feed(make(offered.clone()), black_box(&ps), &mut out)));
     }
-    out.clear();
-    p.finish(&mut out);
-    assert_eq!(calls + out.calls.len(), 1, "harmony: the call was not parsed");
-    g.throughput(Throughput::Elements(ps.len() as u64));
-    let offered = tools();
-    g.bench_function("harmony", |b| {
-        b.iter(|| {
-            let mut p = smg_parsers::harmony::parser(offered.clone());
-            for piece in &ps {
-                out.clear();
-                p.push(black_box(piece), &mut out);
-            }
-            out.clear();
-            p.finish(&mut out);
-            out.calls.len()
-        })
-    });
     for &name in smg_parsers::reasoning::NAMES {
         let Some(text) = markup::reasoning(name, &PROSE.repeat(3), PROSE) else { continue };
         let ps = pieces(&text);
