@@ -84,11 +84,17 @@ struct ChoiceState<'a> {
     /// the stop the engine matched.
     ids: Vec<u32>,
     matched: Option<MatchedStop>,
-    /// A Harmony model's chat: its reasoning tokens, counted here (the engine does not).
+    /// A Harmony model's chat: its reasoning tokens, counted here (the engine does not count
+    /// them; `reasoning` keeps the engine's figure).
     harmony: Option<ReasoningCount<'a>>,
 }
 
 impl ChoiceState<'_> {
+    /// Its reasoning tokens: the gateway's count on a Harmony model, else the engine's.
+    fn reasoning_tokens(&self) -> u64 {
+        self.harmony.as_ref().map_or(self.reasoning, |h| h.count)
+    }
+
     /// Decodes `ids` and appends to `emit` the text that is certain (a possible stop string's
     /// start is held back; nothing after a stop string comes out). `piece` is scratch.
     /// Returns how many of `ids` were taken (the rest follow a stop string).
@@ -147,7 +153,7 @@ fn usage_of(choices: &[ChoiceState<'_>], counts: &[PromptCounts]) -> Usage {
         prompt: counts.iter().map(|c| c.prompt).sum(),
         cached: counts.iter().map(|c| c.cached).sum(),
         completion: choices.iter().map(|c| c.completion).sum(),
-        reasoning: choices.iter().map(|c| c.reasoning).sum(),
+        reasoning: choices.iter().map(ChoiceState::reasoning_tokens).sum(),
         drafted: choices.iter().map(|c| c.drafted).sum(),
         accepted: choices.iter().map(|c| c.accepted).sum(),
     }
@@ -315,15 +321,12 @@ impl<'a> Assembler<'a> {
                 let i = p * n + c.index as usize;
                 let Some(st) = self.choices.get_mut(i).filter(|st| st.finish.is_none()) else { return Step::Next };
                 st.completion = c.completion_tokens as u64;
-                st.reasoning = st.harmony.as_ref().map_or(c.reasoning_tokens as u64, |h| h.count);
+                st.reasoning = c.reasoning_tokens as u64;
                 if self.meta.kind == Kind::Generate {
                     st.ids.clear();
                     st.ids.extend_from_slice(&c.token_ids);
                 }
                 let taken = st.feed(&c.token_ids, &mut self.text, &mut self.piece);
-                if let Some(h) = &st.harmony {
-                    st.reasoning = h.count;
-                }
                 if prep.logprobs.is_some() {
                     st.keep_logprobs(c.output_logprobs.as_ref(), taken);
                 }
@@ -343,7 +346,7 @@ impl<'a> Assembler<'a> {
                 };
                 let Some(st) = self.choices.get_mut(i) else { return Step::Next };
                 st.completion = c.completion_tokens as u64;
-                st.reasoning = st.harmony.as_ref().map_or(c.reasoning_tokens as u64, |h| h.count);
+                st.reasoning = c.reasoning_tokens as u64;
                 st.drafted = c.spec_draft_tokens as u64;
                 st.accepted = c.spec_accepted_tokens as u64;
                 st.engine_done = true;
@@ -366,9 +369,6 @@ impl<'a> Assembler<'a> {
                     }
                 }
                 st.end(&mut self.text, &mut self.piece);
-                if let Some(h) = &st.harmony {
-                    st.reasoning = h.count;
-                }
                 if st.stop.stopped() {
                     st.finish = Some("stop".into());
                 } else {
