@@ -2,7 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 
-use crate::sim::pd::{PdRole, PdSpec};
+use crate::sim::pd::{PdProtocol, PdRole, PdSpec};
 use crate::sim::profile::{Profile, DEFAULTS};
 
 /// Which engine's HTTP surface a simulated worker presents.
@@ -187,9 +187,10 @@ pub struct SimArgs {
     #[arg(long, requires = "grpc")]
     pub is_embedding: bool,
 
-    /// Prefill/decode disaggregation in SGLang's shape (HTTP mode only): every worker of this
-    /// process is a prefill or a decode server of a PD pair. Requests carry bootstrap_host,
-    /// bootstrap_port and bootstrap_room; see src/sim/pd/mod.rs and the README.
+    /// Prefill/decode disaggregation (HTTP mode only): every worker of this process is a prefill
+    /// or a decode server of a PD pair, in its runtime's shape: sglang workers read
+    /// bootstrap_host, bootstrap_port and bootstrap_room; vllm workers read and answer vLLM's
+    /// kv_transfer_params. See src/sim/pd/mod.rs and the README.
     #[arg(long, value_enum)]
     pub pd_role: Option<PdRole>,
     /// With --pd-role prefill: port of each worker's bootstrap listener, where decode workers
@@ -337,11 +338,16 @@ impl SimArgs {
             for port in ports {
                 let pd = self.pd_role.map(|role| PdSpec {
                     role,
+                    protocol: match runtime {
+                        Runtime::Sglang => PdProtocol::Sglang,
+                        Runtime::Vllm => PdProtocol::Vllm,
+                    },
                     bootstrap_port: match self.bootstrap_port.unwrap_or(0) {
                         0 => 0,
                         // Checked by check_pd: every PORT+k fits.
                         base => base + specs.len() as u16,
                     },
+                    bootstrap_addr: None,
                     handoff_timeout: std::time::Duration::from_millis(self.handoff_timeout_ms),
                 });
                 specs.push(WorkerSpec {
@@ -370,8 +376,8 @@ impl SimArgs {
         Ok(specs)
     }
 
-    /// The PD flags' rules: HTTP only, SGLang workers only, a bootstrap port only for prefill,
-    /// and room for one bootstrap port per worker above --bootstrap-port.
+    /// The PD flags' rules: HTTP only, a bootstrap port only for prefill, and room for one
+    /// bootstrap port per worker above --bootstrap-port.
     fn check_pd(&self, groups: &[(Vec<u16>, String, Runtime)]) -> Result<(), String> {
         let Some(role) = self.pd_role else {
             return match self.bootstrap_port {
@@ -381,11 +387,6 @@ impl SimArgs {
         };
         if self.grpc {
             return Err("--pd-role is not supported with --grpc yet: PD roles serve the HTTP API only".into());
-        }
-        if groups.iter().any(|g| g.2 != Runtime::Sglang) {
-            return Err(
-                "--pd-role simulates SGLang's prefill/decode servers: every worker must be --runtime sglang".into()
-            );
         }
         if self.bootstrap_port.is_some() && role != PdRole::Prefill {
             return Err("--bootstrap-port needs --pd-role prefill".into());
@@ -464,11 +465,16 @@ mod tests {
         let pd = s.pd.as_ref().unwrap();
         assert_eq!((pd.role, pd.handoff_timeout), (PdRole::Decode, std::time::Duration::from_millis(250)));
         assert_eq!(SimArgs::parse_from(["smg-sim"]).worker_specs().unwrap()[0].pd, None);
+        // Each worker speaks its own runtime's PD protocol.
+        let specs = SimArgs::parse_from(["smg-sim", "--ports", "1", "--worker", "2::vllm", "--pd-role", "prefill"])
+            .worker_specs()
+            .unwrap();
+        let got: Vec<_> = specs.iter().map(|s| s.pd.as_ref().map(|p| p.protocol)).collect();
+        assert_eq!(got, [Some(PdProtocol::Sglang), Some(PdProtocol::Vllm)]);
         for bad in [
             &["--pd-role", "prefill", "--grpc"][..],
             &["--pd-role", "decode", "--bootstrap-port", "9000"],
             &["--bootstrap-port", "9000"],
-            &["--pd-role", "prefill", "--runtime", "vllm"],
             &["--pd-role", "prefill", "--ports", "1,2", "--bootstrap-port", "65535"],
         ] {
             let args = SimArgs::parse_from(["smg-sim"].iter().chain(bad));

@@ -58,7 +58,7 @@ pub async fn run(
         Handoff::Decode(_) => timing::decode_schedule(&w.timing.get(), w.running(), w.max_running),
         _ => timing::schedule(&w.timing.get(), job.prompt_tokens - job.cached_tokens, w.running(), w.max_running),
     };
-    if let (Handoff::Prefill(rooms), Some(pd)) = (&job.handoff, w.pd.as_ref()) {
+    if let (rooms @ [_, ..], Some(pd)) = (job.handoff.finishes(), w.pd.as_ref()) {
         // The prompt's KV exists once its first token is due: from then on the decode may take
         // it. The one-token answer below is then due at once.
         sleep_until(admitted + sched.first_token).await;
@@ -116,6 +116,10 @@ async fn full_response(
     }
     s.events.clear();
     gen.put_full_body(&mut s.events);
+    if let (Handoff::VllmPrefill(room), Some(a)) = (&job.handoff, w.pd.as_ref().and_then(|p| p.announce.as_ref())) {
+        // vLLM's proxy passes this on to the decode, which fetches the KV where it says.
+        a.append(&mut s.events, *room, job.prompt_tokens);
+    }
     bump(&w.stats.output_tokens, job.output_tokens as u64);
     let truncated = job.truncate.is_some();
     put_head(

@@ -8,8 +8,9 @@
 //! `listening` line per worker followed by `ready` (tests and scripts wait for that line).
 //!
 //! With `--grpc` the ports speak SGLang's scheduler gRPC API instead (grpc/mod.rs). With
-//! `--pd-role` the workers are prefill or decode servers of SGLang PD pairs (pd/mod.rs); a prefill
-//! worker also binds its bootstrap port here, and its `listening` line says where.
+//! `--pd-role` the workers are prefill or decode servers of PD pairs, in SGLang's or vLLM's shape
+//! by their runtime (pd/mod.rs); a prefill worker also binds its bootstrap port here, and its
+//! `listening` line says where.
 
 pub mod admission;
 pub mod bootstrap;
@@ -135,7 +136,7 @@ async fn serve_thread(host: IpAddr, mine: Vec<(usize, WorkerSpec)>, tx: mpsc::Se
     };
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
-    for (index, spec) in mine {
+    for (index, mut spec) in mine {
         let (l, port) = match bind(spec.port) {
             Ok(b) => b,
             Err(e) => {
@@ -153,6 +154,10 @@ async fn serve_thread(host: IpAddr, mine: Vec<(usize, WorkerSpec)>, tx: mpsc::Se
             },
             _ => None,
         };
+        if let (Some(pd), Some((_, bport))) = (spec.pd.as_mut(), bootstrap.as_ref()) {
+            // A vLLM prefill names where its KV can be fetched in every answer: the real port.
+            pd.bootstrap_addr = Some(SocketAddr::new(host, *bport));
+        }
         bound.push(Bound { index, port, bootstrap: bootstrap.as_ref().map(|b| b.1) });
         listeners.push((Worker::new(&spec, port), l, bootstrap.map(|b| b.0)));
     }

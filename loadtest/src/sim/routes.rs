@@ -9,7 +9,7 @@ use sonic_rs::JsonValueTrait;
 
 use crate::sim::config::{ms_to_us, Runtime};
 use crate::sim::faults::{self, Fault};
-use crate::sim::pd::{self, Handoff, PdRole};
+use crate::sim::pd::{self, Handoff, PdProtocol, PdRole};
 use crate::sim::realtime;
 use crate::sim::render::{put_embeddings_body, put_error_body, put_response};
 use crate::sim::request::{self, Api};
@@ -237,7 +237,7 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
     }
     let (output_tokens, hit_limit) = match handoff {
         // A prefill server answers with the first token only; the decode server generates the rest.
-        Handoff::Prefill(_) => (1, true),
+        Handoff::Prefill(_) | Handoff::VllmPrefill(_) => (1, true),
         _ => timing::output_tokens(&w.timing.get(), req.max_tokens),
     };
     Action::Generate(Job {
@@ -253,16 +253,21 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
     })
 }
 
-/// A PD worker's bootstrap fields for a generation request (a 400 when the role's are missing).
+/// A PD worker's part in a generation request, from the fields of its protocol (a 400 when the
+/// role's are missing).
 fn pd_handoff(w: &Worker, api: Api, body: &[u8]) -> Result<Handoff, String> {
-    let Some(role) = w.pd.as_ref().map(|p| p.role) else { return Ok(Handoff::None) };
+    let Some(state) = w.pd.as_ref() else { return Ok(Handoff::None) };
     if api == Api::Embeddings {
         return Ok(Handoff::None);
     }
-    let fields = pd::fields::read(body)?;
-    match role {
-        PdRole::Prefill => fields.rooms().map(Handoff::Prefill),
-        PdRole::Decode => fields.legs().map(Handoff::Decode),
+    match (state.protocol, state.role) {
+        (PdProtocol::Sglang, PdRole::Prefill) => pd::fields::read(body)?.rooms().map(Handoff::Prefill),
+        (PdProtocol::Sglang, PdRole::Decode) => pd::fields::read(body)?.legs().map(Handoff::Decode),
+        // vLLM's proxy names no room: the prefill takes one and says which in its answer.
+        (PdProtocol::Vllm, PdRole::Prefill) => {
+            pd::vllm::check_prefill(body).map(|()| Handoff::VllmPrefill(state.new_room()))
+        }
+        (PdProtocol::Vllm, PdRole::Decode) => pd::vllm::decode_leg(body).map(|leg| Handoff::Decode(vec![leg])),
     }
 }
 
@@ -531,6 +536,39 @@ mod tests {
         assert_eq!(st["pd_role"].as_str(), Some("decode"));
         assert_eq!(st["handoffs_failed"].as_u64(), Some(0));
         assert!(call(&worker(&[]), Route::SimStats, "").1["pd_role"].is_null());
+    }
+
+    #[test]
+    fn vllm_pd_roles_read_kv_transfer_params() {
+        let job = |w: &Worker, body: &str| {
+            let mut out = Vec::new();
+            match dispatch(w, Route::Infer(Api::Chat), true, body.as_bytes(), true, &mut out) {
+                Action::Generate(job) => job,
+                other => panic!("{other:?}: {}", String::from_utf8_lossy(&out)),
+            }
+        };
+        let prefill = worker(&["--pd-role", "prefill", "--runtime", "vllm"]);
+        let body =
+            r#"{"messages":[],"max_tokens":1,"bootstrap_room":3,"kv_transfer_params":{"do_remote_decode":true}}"#;
+        let (a, b) = (job(&prefill, body), job(&prefill, body));
+        assert_eq!((a.output_tokens, a.hit_limit), (1, true));
+        match (a.handoff, b.handoff) {
+            (Handoff::VllmPrefill(x), Handoff::VllmPrefill(y)) => assert_ne!(x, y, "a fresh room per request"),
+            other => panic!("{other:?}"),
+        }
+        // Bootstrap fields are not vLLM's: they neither stand in for kv_transfer_params nor hurt.
+        let (status, err) = call(&prefill, Route::Infer(Api::Chat), r#"{"messages":[],"bootstrap_room":3}"#);
+        assert_eq!(status, 400);
+        assert!(err["error"]["message"].as_str().unwrap().contains("do_remote_decode"), "{err:?}");
+        let decode = worker(&["--pd-role", "decode", "--runtime", "vllm"]);
+        let body = r#"{"messages":[],"max_tokens":4,"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"h","remote_port":5,"remote_request_id":"6"}}"#;
+        let j = job(&decode, body);
+        assert_eq!(j.output_tokens, 4);
+        assert!(
+            matches!(&j.handoff, Handoff::Decode(legs) if legs.len() == 1 && legs[0].room == 6 && legs[0].port == Some(5))
+        );
+        assert_eq!(call(&decode, Route::Infer(Api::Chat), r#"{"messages":[],"bootstrap_room":1}"#).0, 400);
+        assert_eq!(call(&decode, Route::SimStats, "").1["pd_role"].as_str(), Some("decode"));
     }
 
     #[test]

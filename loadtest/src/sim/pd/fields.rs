@@ -7,7 +7,7 @@
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 
 /// Largest room: SGLang draws rooms in [0, 2^63-1].
-const MAX_ROOM: u64 = i64::MAX as u64;
+pub(crate) const MAX_ROOM: u64 = i64::MAX as u64;
 
 /// One item's handoff: where the prefill's bootstrap server is, and which room holds its KV.
 #[derive(Clone, Debug, PartialEq, Eq)]
