@@ -27,6 +27,7 @@ pub mod grpc;
 pub mod http;
 pub mod io;
 pub mod metrics;
+pub mod pair;
 pub mod random;
 pub mod realtime;
 pub mod retry;

@@ -35,6 +35,8 @@ pub enum ShardMsg {
     Drain { handover: bool },
     /// A peer's recent cache-aware inserts, replayed into this shard's trees.
     Digest(Arc<Digest>),
+    /// A peer's cache-aware inserts among prefill workers.
+    PrefillDigest(Arc<Digest>),
     /// A peer's in-flight requests per worker id, as of its last tick.
     Loads { shard: usize, loads: Arc<[usize]> },
     /// The metrics listener wants this shard's report.
@@ -110,6 +112,8 @@ pub struct Shard {
     grpc: crate::grpc::conn::Channels,
     loads: RefCell<Loads>,
     router: RefCell<ShardRouter>,
+    /// Prefill workers' routing state: picked beside a decode worker, by `--prefill-policy`.
+    prefill_router: RefCell<ShardRouter>,
     peers: Vec<flume::Sender<ShardMsg>>,
     rng: RefCell<fastrand::Rng>,
     date: DateCache,
@@ -202,6 +206,7 @@ impl Shard {
             snapshot: RefCell::new(SnapshotCache { cache, local }),
             loads: RefCell::new(loads),
             router: RefCell::new(ShardRouter::new(&cfg.routing, index, cfg.cores)),
+            prefill_router: RefCell::new(ShardRouter::new(&cfg.prefill_routing, index, cfg.cores)),
             peers: peers.inboxes,
             rng: RefCell::new(fastrand::Rng::with_seed(seed)),
             date: DateCache::default(),
@@ -356,21 +361,35 @@ impl Shard {
         positions: &[usize],
         now: Instant,
     ) -> Result<usize, RouteError> {
-        let cands: Vec<Candidate<'_>> = {
-            let loads = self.loads.borrow();
-            positions
-                .iter()
-                .map(|&p| {
-                    let w = &snap.workers[p];
-                    Candidate {
-                        url: &w.url.url,
-                        load: loads.total.get(w.id.index()).copied().unwrap_or(0),
-                        engine_load: w.engine_load,
-                    }
-                })
-                .collect()
-        };
+        let cands = self.candidates(snap, positions);
         self.router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
+    }
+
+    /// Picks one of the prefill workers at `positions`, by the prefill policy's state.
+    pub fn pick_prefill(
+        &self,
+        input: &RouteInput<'_>,
+        snap: &Snapshot,
+        positions: &[usize],
+        now: Instant,
+    ) -> Result<usize, RouteError> {
+        let cands = self.candidates(snap, positions);
+        self.prefill_router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
+    }
+
+    fn candidates<'s>(&self, snap: &'s Snapshot, positions: &[usize]) -> Vec<Candidate<'s>> {
+        let loads = self.loads.borrow();
+        positions
+            .iter()
+            .map(|&p| {
+                let w = &snap.workers[p];
+                Candidate {
+                    url: &w.url.url,
+                    load: loads.total.get(w.id.index()).copied().unwrap_or(0),
+                    engine_load: w.engine_load,
+                }
+            })
+            .collect()
     }
 
     /// Requests this shard counts against `worker` now.
@@ -569,6 +588,7 @@ impl Shard {
     pub fn on_message(&self, msg: ShardMsg) -> bool {
         match msg {
             ShardMsg::Digest(d) => self.router.borrow_mut().apply_digest(&d),
+            ShardMsg::PrefillDigest(d) => self.prefill_router.borrow_mut().apply_digest(&d),
             ShardMsg::Loads { shard, loads } => self.loads.borrow_mut().apply_peer(shard, loads),
             ShardMsg::Scrape(reply) => {
                 let _ = reply.try_send(self.report());
@@ -605,6 +625,7 @@ impl Shard {
         if slow {
             self.pool.sweep(now);
             self.router.borrow_mut().tick(now);
+            self.prefill_router.borrow_mut().tick(now);
         }
     }
 
@@ -636,10 +657,17 @@ impl Shard {
             }
             self.loads.borrow_mut().reported = loads;
         }
-        let Some(d) = self.router.borrow_mut().take_digest() else { return };
-        let d = Arc::new(d);
-        for p in &self.peers {
-            let _ = p.try_send(ShardMsg::Digest(Arc::clone(&d)));
+        if let Some(d) = self.router.borrow_mut().take_digest() {
+            let d = Arc::new(d);
+            for p in &self.peers {
+                let _ = p.try_send(ShardMsg::Digest(Arc::clone(&d)));
+            }
+        }
+        if let Some(d) = self.prefill_router.borrow_mut().take_digest() {
+            let d = Arc::new(d);
+            for p in &self.peers {
+                let _ = p.try_send(ShardMsg::PrefillDigest(Arc::clone(&d)));
+            }
         }
     }
 }
@@ -649,7 +677,7 @@ impl Shard {
 fn capacity(snap: &Snapshot) -> usize {
     snap.workers
         .iter()
-        .filter(|w| w.healthy)
+        .filter(|w| w.healthy && !w.meta.role.is_prefill())
         .map(|w| w.max_running.map_or(SLOTS_PER_UNREPORTED_WORKER, |n| n.min(1 << 20) as usize))
         .sum()
 }

@@ -12,11 +12,13 @@ use crate::contract::Aliases;
 use crate::log::LogLevel;
 use crate::retry::RetryPolicy;
 use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
-use crate::workers::fleet::FleetConfig;
+use crate::workers::fleet::{FleetConfig, WorkerSpec};
 use crate::workers::WorkerUrl;
 use std::sync::Arc;
 
+mod pd;
 mod workers;
+pub use pd::PdArgs;
 pub use workers::WorkerArgs;
 
 #[derive(Parser, Debug)]
@@ -134,6 +136,8 @@ pub struct LaunchArgs {
     pub cores: Option<usize>,
     #[command(flatten)]
     pub worker_args: WorkerArgs,
+    #[command(flatten)]
+    pub pd: PdArgs,
     /// Keep-alive client connections idle this long are closed.
     #[arg(long, default_value_t = 75)]
     pub client_idle_timeout_secs: u64,
@@ -288,9 +292,12 @@ impl Host {
 /// The validated configuration every shard reads (shared read-only behind an Arc).
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub workers: Vec<WorkerUrl>,
+    /// `--worker-urls` (regular workers), then `--prefill` and `--decode` workers.
+    pub workers: Vec<WorkerSpec>,
     pub listen: SocketAddr,
+    /// Regular and decode workers' routing; prefill workers have their own.
     pub routing: RoutingConfig,
+    pub prefill_routing: RoutingConfig,
     pub aliases: Aliases,
     pub load_interval: Duration,
     pub max_payload_size: usize,
@@ -443,11 +450,17 @@ impl LaunchArgs {
     }
 
     pub fn into_config(self, host: Host) -> Result<Config, String> {
-        let workers = self
-            .worker_urls
-            .iter()
-            .map(|u| WorkerUrl::parse(u).map_err(|e| format!("--worker-urls: {e}")))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut workers = Vec::with_capacity(self.worker_urls.len());
+        for u in &self.worker_urls {
+            WorkerUrl::parse(u).map_err(|e| format!("--worker-urls: {e}"))?;
+            workers.push(WorkerSpec::from_url(u));
+        }
+        workers.extend(self.pd.workers()?);
+        let assignment_mode = match &self.assignment_mode {
+            Some(m) => Some(m.parse().map_err(|e| format!("--assignment-mode: {e}"))?),
+            None => None,
+        };
+        let (routing, prefill_routing) = self.pd.role_routing(self.routing_config()?, assignment_mode)?;
         let ip: std::net::IpAddr = match self.host.as_str() {
             "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
             h => h.parse().map_err(|_| format!("--host: '{h}' is not an IP address"))?,
@@ -490,7 +503,8 @@ impl LaunchArgs {
         Ok(Config {
             workers,
             listen: SocketAddr::new(ip, self.port),
-            routing: self.routing_config()?,
+            routing,
+            prefill_routing,
             aliases: Aliases::parse(&self.model_alias)?,
             load_interval: positive("--load-monitor-interval", self.load_monitor_interval)?,
             max_payload_size: self.max_payload_size,

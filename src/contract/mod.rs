@@ -19,7 +19,7 @@ pub mod json;
 mod messages;
 mod profiles;
 mod sampling;
-mod span;
+pub mod span;
 mod tools;
 
 #[cfg(test)]

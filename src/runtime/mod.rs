@@ -18,7 +18,6 @@ use crate::admission::priority::SchedMsg;
 use crate::config::{Config, Host};
 use crate::shard::{Heartbeats, Peers, Shard, ShardMsg};
 use crate::workers::control::{self, ControlMsg};
-use crate::workers::fleet::WorkerSpec;
 use crate::workers::{Registry, Snapshot};
 use accept::AdmissionInbox;
 
@@ -141,7 +140,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let sigset = block_signals();
     let cfg = Arc::new(cfg);
     let registry = Arc::new(ArcSwap::from_pointee(Snapshot::default()));
-    let initial = cfg.workers.iter().map(|u| WorkerSpec::from_url(&u.url)).collect();
+    let initial = cfg.workers.clone();
     let control = control::start(initial, Arc::clone(&registry), cfg.fleet.clone());
 
     let cores = allowed_cores();

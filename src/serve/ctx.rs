@@ -25,15 +25,23 @@ pub struct Picked {
     snapshot: LocalSnapshot,
     /// Position in `snapshot.workers`.
     pos: usize,
+    /// A decode worker's prefill leg (serve/pair.rs), likewise.
+    prefill: Option<usize>,
 }
 
 impl Picked {
-    pub(super) fn new(snapshot: LocalSnapshot, pos: usize) -> Self {
-        Picked { snapshot, pos }
+    pub(super) fn new(snapshot: LocalSnapshot, pos: usize, prefill: Option<usize>) -> Self {
+        Picked { snapshot, pos, prefill }
     }
 
+    /// The worker whose answer the client gets (a pair's decode worker).
     pub fn worker(&self) -> &Worker {
         &self.snapshot.workers[self.pos]
+    }
+
+    /// The prefill worker picked beside a decode worker.
+    pub fn prefill(&self) -> Option<&Worker> {
+        self.prefill.map(|p| &self.snapshot.workers[p])
     }
 }
 
@@ -42,6 +50,8 @@ pub struct Chosen {
     pub picked: Picked,
     /// The request's count on the worker's load, released when `finish` drops the context.
     pub _load: LoadGuard,
+    /// Likewise on a pair's prefill worker.
+    pub _prefill_load: Option<LoadGuard>,
 }
 
 impl Chosen {

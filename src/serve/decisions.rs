@@ -3,18 +3,16 @@
 //! read whole (up to `--max-payload-size`) and answered with the mapped Decisions body. A
 //! non-2xx reply is relayed as the worker sent it; every other worker never comes here.
 
-use smg_wire::chunked::ChunkedDecoder;
-
 use super::ctx::{Picked, RequestCtx};
-use super::error::{Failure, WorkerCause, WorkerError};
+use super::error::{Failure, WorkerError};
 use super::finish::Outcome;
+use super::whole::read_whole;
 use crate::api::decisions::{self, Plan};
 use crate::api::ApiError;
 use crate::contract;
 use crate::http::body::Body;
 use crate::http::pool::UpstreamConn;
-use crate::http::response_head::{ResponseBody, ResponseHead};
-use crate::io::{read_more_within, Timed};
+use crate::http::response_head::ResponseHead;
 use crate::shard::Shard;
 use crate::workers::admin::AdminReply;
 use crate::workers::breaker::Verdict;
@@ -50,52 +48,9 @@ pub async fn answer(
     plan: &Plan,
 ) -> Outcome {
     let id = picked.worker().id;
-    let max = shard.cfg().max_payload_size;
-    let idle = shard.cfg().upstream_read_timeout;
-    let mut at = head.len;
-    let mut body = Vec::new();
-    let mut chunked = ChunkedDecoder::new();
-    let clean = loop {
-        let have = &conn.buf[at..];
-        let done = match head.body {
-            ResponseBody::None => true,
-            ResponseBody::Length { len } => {
-                let take = have.len().min(len as usize - body.len());
-                body.extend_from_slice(&have[..take]);
-                at += take;
-                body.len() as u64 == len
-            }
-            ResponseBody::Chunked => match chunked.feed(have, Some(&mut body)) {
-                Ok(n) => {
-                    at += n;
-                    chunked.is_done()
-                }
-                Err(e) => break Err(WorkerCause::BadBody(e.0)),
-            },
-            ResponseBody::Close => {
-                body.extend_from_slice(have);
-                at += have.len();
-                false
-            }
-        };
-        if done {
-            break Ok(at == conn.buf.len());
-        }
-        if body.len() > max {
-            break Err(WorkerCause::TooLarge { len: body.len() as u64, max });
-        }
-        conn.buf.drain(head.len.min(at)..at);
-        at = head.len.min(at);
-        let (res, buf) = read_more_within(&mut conn.stream, std::mem::take(&mut conn.buf), 16 * 1024, idle).await;
-        conn.buf = buf;
-        match res {
-            Timed::Done(Ok(n)) if n > 0 => {}
-            Timed::Done(_) if head.body == ResponseBody::Close => break Ok(false),
-            _ => break Err(WorkerCause::BadBody("the worker's decisions reply ended early")),
-        }
-    };
-    let reusable = match clean {
-        Ok(r) => r && head.keep_alive,
+    let (max, idle) = (shard.cfg().max_payload_size, shard.cfg().upstream_read_timeout);
+    let (body, reusable) = match read_whole(&mut conn, &head, max, idle).await {
+        Ok(read) => read,
         Err(cause) => {
             ctx.judge(id, Verdict::Failure);
             return Outcome::Failed(Failure::Worker(WorkerError::new(cause, conn.reused)));

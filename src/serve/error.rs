@@ -19,6 +19,7 @@ use crate::http::body::BodyError;
 use crate::http::head::ParseError;
 use crate::http::respond::{write_simple, Simple, Stamp};
 use crate::workers::breaker::Verdict;
+use crate::workers::WorkerId;
 
 #[derive(Debug)]
 pub enum ClientError {
@@ -47,6 +48,12 @@ pub enum WorkerCause {
     /// A gRPC engine failed the call after generation began, before anything reached the
     /// client.
     Generation(Status),
+    /// A pair's prefill leg answered this non-2xx status, with this message (its error's
+    /// `message`, or its body).
+    Prefill {
+        status: u16,
+        message: String,
+    },
 }
 
 #[derive(Debug)]
@@ -56,11 +63,20 @@ pub struct WorkerError {
     pub reused: bool,
     /// Some of the response already reached the client.
     pub sent: bool,
+    /// The worker it happened on, when not the picked one (a pair's prefill leg): its id
+    /// and URL.
+    pub on: Option<(WorkerId, String)>,
 }
 
 impl WorkerError {
     pub fn new(cause: WorkerCause, reused: bool) -> Self {
-        Self { cause, reused, sent: false }
+        Self { cause, reused, sent: false, on: None }
+    }
+
+    /// The same failure, on `worker` (a pair's prefill) rather than the picked worker.
+    pub fn on(mut self, worker: &crate::workers::Worker) -> Self {
+        self.on = Some((worker.id, worker.url.url.clone()));
+        self
     }
 
     /// Another worker would not do better: the answer itself is refused (over a size cap,
@@ -69,6 +85,7 @@ impl WorkerError {
     pub fn final_answer(&self) -> bool {
         match &self.cause {
             WorkerCause::TooLarge { .. } => true,
+            WorkerCause::Prefill { status, .. } => !crate::retry::retryable_status(*status),
             WorkerCause::Engine(s) | WorkerCause::Generation(s) => {
                 grpc::too_large(s) || !crate::retry::retryable_status(grpc::http_status(s.code))
             }
@@ -83,6 +100,7 @@ impl WorkerError {
     pub fn verdict(&self) -> Option<Verdict> {
         Some(match &self.cause {
             WorkerCause::TooLarge { .. } => return None,
+            WorkerCause::Prefill { status, .. } => Verdict::of_status(*status),
             WorkerCause::Engine(s) | WorkerCause::Generation(s) if grpc::too_large(s) => Verdict::Failure,
             WorkerCause::Engine(s) | WorkerCause::Generation(s) => match grpc::http_status(s.code) {
                 400 => Verdict::Success,
@@ -153,6 +171,7 @@ impl std::fmt::Display for WorkerCause {
             WorkerCause::HeadTimeout => f.write_str("no response head within --request-timeout-secs"),
             WorkerCause::TooLarge { len, max } => write!(f, "response of {len} bytes over --max-payload-size {max}"),
             WorkerCause::Engine(s) | WorkerCause::Generation(s) => write!(f, "engine: {s}"),
+            WorkerCause::Prefill { status, message } => write!(f, "prefill answered {status}: {message}"),
         }
     }
 }
@@ -173,29 +192,9 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
             BodyError::Malformed(why) => ApiError::bad_request(*why),
             BodyError::Gone => ApiError::bad_request("client closed mid-body"),
         },
-        Failure::Worker(w) => match &w.cause {
-            WorkerCause::Connect(e) => ApiError::upstream_connect(worker, e),
-            WorkerCause::HeadTimeout => ApiError::upstream_timeout(worker),
-            WorkerCause::TooLarge { len, max } => ApiError::upstream_too_large(worker, *len, *max),
-            // An engine message over `--grpc-max-message-size` (refused from its length
-            // prefix): too large for the gateway, as an HTTP answer over
-            // `--max-payload-size` is; a 502, not the 429 its RESOURCE_EXHAUSTED would map
-            // to, as the client is over no limit of its own.
-            WorkerCause::Engine(s) | WorkerCause::Generation(s) if grpc::too_large(s) => ApiError::new(
-                502,
-                "upstream_response_too_large",
-                format!("The engine sent a message over --grpc-max-message-size ({})", s.message),
-            ),
-            // The engine did not start generation: the status follows its gRPC status.
-            WorkerCause::Engine(s) => ApiError::new(
-                grpc::http_status(s.code),
-                "start_generation_failed",
-                format!("Generation failed to start: {s}"),
-            ),
-            WorkerCause::Generation(s) => {
-                ApiError::new(grpc::http_status(s.code), "generation_failed", format!("Generation failed: {s}"))
-            }
-            cause => ApiError::upstream_failed(worker, &cause.to_string()),
+        Failure::Worker(w) => match (&w.cause, w.on.as_ref().map_or(worker, |(_, url)| url.as_str())) {
+            (WorkerCause::Prefill { status, message }, _) => prefill_error(*status, message),
+            (cause, worker) => worker_error(cause, worker),
         },
         Failure::Internal(InternalError::NoDescriptors(e)) => {
             ApiError::internal("upstream_connect_no_descriptors", format!("Cannot open a connection to {worker}: {e}"))
@@ -204,6 +203,48 @@ fn api_error(f: &Failure, worker: &str) -> Option<ApiError> {
         Failure::Rejected(e) => e.clone(),
         Failure::Invalid(_) | Failure::Form(_) | Failure::Unauthorized | Failure::Forbidden => return None,
     })
+}
+
+/// A pair's prefill leg failed with an HTTP status: that status and the engine's message,
+/// under SMG's codes for it.
+fn prefill_error(status: u16, message: &str) -> ApiError {
+    let code = match status {
+        400 => "prefill_bad_request",
+        404 => "prefill_not_found",
+        500 => "prefill_internal_error",
+        502 => "prefill_bad_gateway",
+        503 => "prefill_unavailable",
+        _ => "prefill_error",
+    };
+    ApiError::new(status, code, format!("Prefill server error ({status}): {message}"))
+}
+
+/// The envelope of a worker-side failure on `worker`.
+fn worker_error(cause: &WorkerCause, worker: &str) -> ApiError {
+    match cause {
+        WorkerCause::Connect(e) => ApiError::upstream_connect(worker, e),
+        WorkerCause::HeadTimeout => ApiError::upstream_timeout(worker),
+        WorkerCause::TooLarge { len, max } => ApiError::upstream_too_large(worker, *len, *max),
+        // An engine message over `--grpc-max-message-size` (refused from its length
+        // prefix): too large for the gateway, as an HTTP answer over
+        // `--max-payload-size` is; a 502, not the 429 its RESOURCE_EXHAUSTED would map
+        // to, as the client is over no limit of its own.
+        WorkerCause::Engine(s) | WorkerCause::Generation(s) if grpc::too_large(s) => ApiError::new(
+            502,
+            "upstream_response_too_large",
+            format!("The engine sent a message over --grpc-max-message-size ({})", s.message),
+        ),
+        // The engine did not start generation: the status follows its gRPC status.
+        WorkerCause::Engine(s) => ApiError::new(
+            grpc::http_status(s.code),
+            "start_generation_failed",
+            format!("Generation failed to start: {s}"),
+        ),
+        WorkerCause::Generation(s) => {
+            ApiError::new(grpc::http_status(s.code), "generation_failed", format!("Generation failed: {s}"))
+        }
+        cause => ApiError::upstream_failed(worker, &cause.to_string()),
+    }
 }
 
 /// Appends the answer to `f` and returns its status and `X-SMG-Error-Code` ("" for none):

@@ -21,7 +21,7 @@ use super::ctx::RequestCtx;
 use super::error::{Failure, WorkerError};
 use super::finish::Outcome;
 use super::upstream::{relay_response, Answered, AttemptError, HttpRequest};
-use super::{decisions, grpc, pick};
+use super::{decisions, grpc, pair, pick};
 use crate::api::{ApiError, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -62,7 +62,14 @@ pub(super) async fn forward(
                 Err(f) => return Outcome::Failed(f),
             };
         let worker = picked.worker();
-        let (id, is_grpc) = (worker.id, worker.url.grpc);
+        let (id, is_grpc, pair) = (worker.id, worker.url.grpc, picked.prefill().is_some());
+        if is_grpc && pair {
+            return Outcome::Failed(Failure::Rejected(ApiError::new(
+                501,
+                "not_implemented",
+                "Prefill/decode pairs of gRPC workers are not supported yet",
+            )));
+        }
         if is_grpc && on_grpc.is_none() {
             match grpc::GrpcRequest::new(spec, body.bytes(&client.buf), ctx.model.as_deref()) {
                 Ok(g) => on_grpc = Some(g),
@@ -76,6 +83,9 @@ pub(super) async fn forward(
         let attempt = async {
             match on_grpc.as_mut() {
                 Some(g) if is_grpc => grpc::attempt(shard, client, ctx, &picked, g).await.map(Answer::Grpc),
+                _ if pair => pair::attempt(shard, client, head, ctx, spec, &picked, body, fresh, &mut watch)
+                    .await
+                    .map(Answer::Http),
                 _ => http.attempt(shard, client, head, ctx, &picked, body, fresh, &mut watch).await.map(Answer::Http),
             }
         };
@@ -133,31 +143,34 @@ pub(super) async fn forward(
             Err(AttemptError::Failed(f)) => return Outcome::Failed(f),
             Err(AttemptError::ClientGone) => return Outcome::ClientGone,
         };
+        // The worker that failed: the picked one, or a pair's prefill leg.
+        let mut failed = id;
         if let Some(e) = failure {
+            failed = e.on.as_ref().map_or(id, |on| on.0);
             match after_failure(&e, fresh, ctx.attempts, shard.cfg().retry) {
                 Next::Fresh => {
                     // Its siblings in the pool were opened to the same worker process.
-                    shard.forget_conns(id);
+                    shard.forget_conns(failed);
                     crate::debug!("request {}: stale pooled connection; retrying on a fresh one", ctx.id_str());
                     fresh = true;
                     continue;
                 }
                 Next::Fail { exhausted } => {
                     if let Some(v) = e.verdict() {
-                        ctx.judge(id, v);
+                        ctx.judge(failed, v);
                     }
                     ctx.retries_exhausted = exhausted;
                     return Outcome::Failed(Failure::Worker(e));
                 }
                 Next::Retry => {
                     if let Some(v) = e.verdict() {
-                        ctx.judge(id, v);
+                        ctx.judge(failed, v);
                     }
                     crate::debug!("request {}: worker {}: {}; retrying", ctx.id_str(), ctx.worker_url(), e.cause);
                 }
             }
         }
-        failed_on.push(id);
+        failed_on.push(failed);
         ctx.chosen = None;
         fresh = false;
         let Some(policy) = shard.cfg().retry else { unreachable!("retried with retries off") };

@@ -37,12 +37,14 @@ mod forward;
 mod grpc;
 mod inspect;
 mod isolate;
+mod pair;
 mod pick;
 mod realtime;
 mod reserve;
 mod stream_body;
 mod stream_form;
 mod upstream;
+mod whole;
 
 use std::cell::RefCell;
 use std::rc::Rc;

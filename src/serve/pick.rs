@@ -10,8 +10,8 @@ use crate::api::{ApiError, EndpointSpec};
 use crate::contract;
 use crate::http::head::RequestHead;
 use crate::routing::{first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal};
-use crate::shard::Shard;
-use crate::workers::snapshot::{Runtime, Worker};
+use crate::shard::{LoadGuard, LocalSnapshot, Shard};
+use crate::workers::snapshot::{Role, Runtime, Worker};
 use crate::workers::{Candidates, WorkerId};
 
 /// Decisions go to regular HTTP workers of any engine (SGLang's through the System One
@@ -32,6 +32,8 @@ fn decisions_eligible(w: &Worker) -> bool {
 fn serves(spec: &EndpointSpec, w: &Worker) -> bool {
     match spec.schema {
         _ if served_by_all(spec) => true,
+        // A pair serves generation only (chat, completions, `/generate`), as in SMG.
+        _ if w.meta.role != Role::Regular => false,
         Some(contract::Endpoint::Decisions) => decisions_eligible(w),
         // An embedding model's gRPC workers embed (the Embed RPC); a generation model's do not.
         _ if spec.path == super::grpc::EMBEDDINGS => !w.meta.grpc.as_ref().is_some_and(|m| m.is_generation),
@@ -46,11 +48,17 @@ fn served_by_all(spec: &EndpointSpec) -> bool {
         || spec.path == super::grpc::GENERATE
 }
 
-/// The model has workers, but none of them can serve this route (only gRPC workers, for a
-/// route they do not take): the contract's code for it.
-fn unservable(spec: &EndpointSpec, model: &str) -> ApiError {
+/// The model has workers, but none of them can serve this route (only gRPC workers, or
+/// only prefill/decode pairs (`pairs`), for a route they do not take): the contract's code
+/// for it.
+fn unservable(spec: &EndpointSpec, model: &str, pairs: bool) -> ApiError {
     match spec.schema {
         Some(contract::Endpoint::Decisions) => ApiError::decisions_not_supported(model),
+        _ if pairs => ApiError::new(
+            501,
+            "not_implemented",
+            format!("Model '{model}' is served by prefill/decode pairs, which do not serve {}", spec.path),
+        ),
         _ if spec.path == crate::api::transcriptions::PATH => ApiError::new(
             400,
             "audio_transcription_model_not_supported",
@@ -93,7 +101,8 @@ pub fn pick_worker(
     if !by_all && !matches!(snap.candidates(model), Candidates::UnknownModel) {
         let of_model = |w: &Worker| model.is_none_or(|m| w.model.as_deref() == Some(m));
         if !snap.workers.iter().any(|w| of_model(w) && serves(spec, w)) {
-            return Err(unservable(spec, model.unwrap_or("")).into());
+            let pairs = snap.workers.iter().any(|w| of_model(w) && w.meta.role != Role::Regular);
+            return Err(unservable(spec, model.unwrap_or(""), pairs).into());
         }
     }
     let all = match snap.candidates(model) {
@@ -108,11 +117,11 @@ pub fn pick_worker(
             let fits = |p: &usize| serves(spec, &snap.workers[*p]);
             let least = list.iter().copied().filter(fits).min_by_key(|&p| snap.workers[p].engine_load.unwrap_or(0));
             let Some(pos) = least else { return Err(ApiError::no_available_workers(model).into()) };
-            let load = shard.hold_load(snap.workers[pos].id);
-            ctx.timings.upstream_started = Some(crate::clock::now());
-            let picked = Picked::new(snap.clone(), pos);
-            ctx.chosen = Some(Chosen { picked: picked.clone(), _load: load });
-            return Ok(picked);
+            let now = crate::clock::now();
+            let input = RouteInput { model: model.unwrap_or(""), ..RouteInput::default() };
+            let prefill = pick_prefill(shard, &snap, pos, &input, avoid, now)?;
+            ctx.timings.upstream_started = Some(now);
+            return Ok(chosen(shard, ctx, Picked::new(snap.clone(), pos, prefill.as_ref().map(|p| p.0)), prefill));
         }
         Candidates::Healthy(list) => list,
     };
@@ -141,8 +150,12 @@ pub fn pick_worker(
     let header = |name: &str| head.header(buf, name).and_then(|v| std::str::from_utf8(v).ok());
     // The gateway's own token ids (gRPC workers) are what the engine will see: they win over
     // a routing hint, which the contract reads on the HTTP path only.
-    let hint =
-        if tokens.is_some() { None } else { head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens) };
+    // Nor is it read in PD mode (the contract's rule).
+    let hint = if tokens.is_some() || snap.has_pairs() {
+        None
+    } else {
+        head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens)
+    };
     let wants_text = cfg.policy.uses_text() && hint.is_none() && tokens.is_none();
     let fields = if wants_text || cfg.routing_key_override { spec.text.and_then(|k| scan_body(k, body)) } else { None };
     let (text, body_tokens) = match fields.as_ref().and_then(|f| f.signal.as_ref()) {
@@ -169,12 +182,59 @@ pub fn pick_worker(
     match shard.pick(&input, &snap, positions, now) {
         Ok(i) => {
             let pos = positions[i];
-            let load = shard.hold_load(snap.workers[pos].id);
-            let picked = Picked::new(snap.clone(), pos);
-            ctx.chosen = Some(Chosen { picked: picked.clone(), _load: load });
-            Ok(picked)
+            let prefill = pick_prefill(shard, &snap, pos, &input, avoid, now)?;
+            Ok(chosen(shard, ctx, Picked::new(snap.clone(), pos, prefill.as_ref().map(|p| p.0)), prefill))
         }
         Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(model).into()),
+    }
+}
+
+/// The request's choice, kept in the context with its counts on the workers' loads.
+fn chosen(shard: &Rc<Shard>, ctx: &mut RequestCtx, picked: Picked, prefill: Option<(usize, LoadGuard)>) -> Picked {
+    let load = shard.hold_load(picked.worker().id);
+    let prefill_load = prefill.map(|p| p.1);
+    ctx.chosen = Some(Chosen { picked: picked.clone(), _load: load, _prefill_load: prefill_load });
+    picked
+}
+
+/// For a decode worker (at `pos`), its prefill leg: a routable prefill worker of the same
+/// model, by the prefill policy (passing over those in `avoid` while others are left), with
+/// its count on the worker's load. None for any other worker. No prefill worker up: 503
+/// `no_available_workers`, as for a model with no worker up.
+fn pick_prefill(
+    shard: &Rc<Shard>,
+    snap: &LocalSnapshot,
+    pos: usize,
+    input: &RouteInput<'_>,
+    avoid: &[WorkerId],
+    now: std::time::Instant,
+) -> Result<Option<(usize, LoadGuard)>, Failure> {
+    let decode = &snap.workers[pos];
+    if decode.meta.role != Role::Decode {
+        return Ok(None);
+    }
+    let model = decode.model.as_deref().unwrap_or("");
+    let all = snap.prefill_candidates(model);
+    let spared: Vec<usize>;
+    let positions = if avoid.is_empty() || all.iter().all(|&p| avoid.contains(&snap.workers[p].id)) {
+        all
+    } else {
+        spared = all.iter().copied().filter(|&p| !avoid.contains(&snap.workers[p].id)).collect();
+        &spared
+    };
+    let no_prefill = || {
+        Failure::from(ApiError::new(
+            503,
+            "no_available_workers",
+            format!("No available prefill workers for model '{model}': all are unhealthy or their circuit breakers are open"),
+        ))
+    };
+    if positions.is_empty() {
+        return Err(no_prefill());
+    }
+    match shard.pick_prefill(input, snap, positions, now) {
+        Ok(i) => Ok(Some((positions[i], shard.hold_load(snap.workers[positions[i]].id)))),
+        Err(RouteError::NoWorker) => Err(no_prefill()),
     }
 }
 
@@ -219,9 +279,6 @@ pub fn pick_realtime(
     if head.header(buf, "authorization").is_none() && snap.workers[pos].meta.api_key.is_none() {
         return Err(Failure::Unauthorized);
     }
-    let load = shard.hold_load(snap.workers[pos].id);
     ctx.timings.upstream_started = Some(crate::clock::now());
-    let picked = Picked::new(snap.clone(), pos);
-    ctx.chosen = Some(Chosen { picked: picked.clone(), _load: load });
-    Ok(picked)
+    Ok(chosen(shard, ctx, Picked::new(snap.clone(), pos, None), None))
 }

@@ -26,6 +26,7 @@ use crate::shard::Shard;
 use crate::trace::SpanIds;
 use crate::workers::breaker::Verdict;
 use crate::workers::snapshot::WorkerMeta;
+use crate::workers::Worker;
 
 /// A worker's answer: the connection, with the response head at the start of its buffer.
 pub struct Answered {
@@ -265,7 +266,12 @@ impl HttpRequest {
 
 /// The chosen worker's connection: a pooled one unless `fresh`, else a new one.
 pub async fn open(shard: &Shard, picked: &Picked, fresh: bool) -> Result<UpstreamConn, AttemptError> {
-    let (id, addr) = (picked.worker().id, picked.worker().url.addr);
+    open_to(shard, picked.worker(), fresh).await
+}
+
+/// A connection to `worker`: a pooled one unless `fresh`, else a new one.
+pub async fn open_to(shard: &Shard, worker: &Worker, fresh: bool) -> Result<UpstreamConn, AttemptError> {
+    let (id, addr) = (worker.id, worker.url.addr);
     if let Some(c) = (!fresh).then(|| shard.take_conn(id)).flatten() {
         return Ok(c);
     }
@@ -319,10 +325,17 @@ pub async fn await_head(
             ctx.status = h.status;
             Ok(Answered { conn, head: h })
         }
-        Err(HeadError::ClientGone) => Err(AttemptError::ClientGone),
-        Err(HeadError::NothingReceived(e)) => Err(WorkerError::new(WorkerCause::ClosedBeforeHead(e), reused).into()),
-        Err(HeadError::Bad(why)) => Err(WorkerError::new(WorkerCause::BadHead(why), reused).into()),
-        Err(HeadError::TimedOut) => Err(WorkerError::new(WorkerCause::HeadTimeout, reused).into()),
+        Err(e) => Err(head_failed(e, reused)),
+    }
+}
+
+/// What a response head that did not come means (`reused`: on a pooled connection).
+pub fn head_failed(e: HeadError, reused: bool) -> AttemptError {
+    match e {
+        HeadError::ClientGone => AttemptError::ClientGone,
+        HeadError::NothingReceived(e) => WorkerError::new(WorkerCause::ClosedBeforeHead(e), reused).into(),
+        HeadError::Bad(why) => WorkerError::new(WorkerCause::BadHead(why), reused).into(),
+        HeadError::TimedOut => WorkerError::new(WorkerCause::HeadTimeout, reused).into(),
     }
 }
 
@@ -370,7 +383,7 @@ pub async fn relay_response(
         RelayEnd::Done { reusable: true } => shard.put_conn(id, conn),
         RelayEnd::Worker { why, sent: false } => {
             // Nothing reached the client: the retry edge may still take it elsewhere.
-            let e = WorkerError { cause: WorkerCause::BadBody(why), reused: conn.reused, sent: false };
+            let e = WorkerError::new(WorkerCause::BadBody(why), conn.reused);
             return Err((e, spare));
         }
         RelayEnd::ClientGone => {

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use smg_wire::json::put_str;
+use smg_wire::num::put_dec;
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
 use super::breaker::BreakerState;
@@ -310,6 +311,14 @@ fn info(b: &mut Vec<u8>, e: &Entry) {
     }
     field(b, "worker_type", false);
     put_str(b, worker_type(e));
+    if let Some(p) = e.spec.bootstrap_port.filter(|_| worker_type(e) == "prefill") {
+        field(b, "bootstrap_port", false);
+        put_dec(b, u64::from(p));
+    }
+    if let Some(k) = &e.spec.kv_connector {
+        field(b, "kv_connector", false);
+        put_str(b, k);
+    }
     field(b, "connection_mode", false);
     put_str(b, if e.base.grpc { "grpc" } else { "http" });
     field(b, "runtime_type", false);
@@ -420,6 +429,17 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
             return Err(format!("unknown worker_type '{t}'"));
         }
         spec.worker_type = t;
+    }
+    if let Some(p) = v.get("bootstrap_port") {
+        spec.bootstrap_port = match p.is_null() {
+            true => None,
+            false => {
+                Some(p.as_u64().and_then(|p| u16::try_from(p).ok()).ok_or("`bootstrap_port` must be a port number")?)
+            }
+        };
+    }
+    if let Some(k) = string("kv_connector")? {
+        spec.kv_connector = Some(k);
     }
     if let Some(r) = string("runtime_type")?.or(string("runtime")?) {
         if !r.eq_ignore_ascii_case("unspecified") {

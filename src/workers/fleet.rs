@@ -62,6 +62,11 @@ pub struct WorkerSpec {
     pub model_id: Option<String>,
     pub api_key: Option<String>,
     pub worker_type: String,
+    /// A prefill worker's bootstrap port (SGLang pairs); None: the engine's default.
+    pub bootstrap_port: Option<u16>,
+    /// The engine's KV connector as registered (`NixlConnector`, `MooncakeConnector`, …):
+    /// shown, not acted on (the prefill's runtime says how a pair is driven).
+    pub kv_connector: Option<String>,
     pub runtime: Option<Runtime>,
     pub labels: Vec<(String, String)>,
     pub priority: u32,
@@ -137,6 +142,7 @@ impl Entry {
             api_key: self.spec.api_key.clone(),
             dp_rank: self.dp_rank,
             grpc: self.grpc.clone(),
+            role: super::snapshot::Role::of(&self.spec.worker_type, self.spec.bootstrap_port),
         });
     }
 

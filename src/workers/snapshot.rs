@@ -45,6 +45,41 @@ pub struct WorkerMeta {
     /// HTTP workers. Set once discovery loaded the tokenizer: before that the worker is not
     /// routable.
     pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
+    /// Its part in prefill/decode disaggregation, if any.
+    pub role: Role,
+}
+
+/// The part a worker plays: whole requests, or one leg of a prefill/decode pair. A prefill
+/// worker never gets a request of its own: it is picked beside a decode worker
+/// (serve/pair.rs), which is what routing picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    #[default]
+    Regular,
+    /// `bootstrap_port`: where an SGLang decode engine fetches the KV from (None: the
+    /// engine's default, sent as `null`).
+    Prefill {
+        bootstrap_port: Option<u16>,
+    },
+    Decode,
+}
+
+// === impl Role ===
+
+impl Role {
+    /// From a registration's `worker_type` (SMG's names; `encode` and the empty default
+    /// route as regular workers).
+    pub fn of(worker_type: &str, bootstrap_port: Option<u16>) -> Self {
+        match worker_type {
+            "prefill" => Role::Prefill { bootstrap_port },
+            "decode" => Role::Decode,
+            _ => Role::Regular,
+        }
+    }
+
+    pub fn is_prefill(self) -> bool {
+        matches!(self, Role::Prefill { .. })
+    }
 }
 
 /// The engine behind a worker, as registration detected it (or the spec said).
@@ -94,9 +129,13 @@ pub struct Snapshot {
     /// Every registered worker, in registration order (so sorted by id).
     pub workers: Vec<Worker>,
     /// Model id → its routable workers, and the same over every worker: computed once per
-    /// publish so a request neither filters nor allocates them.
+    /// publish so a request neither filters nor allocates them. Prefill workers are not
+    /// among them: they are picked beside a decode worker, from `prefill_by_model`.
     healthy_by_model: HashMap<String, Routable>,
     healthy: Routable,
+    /// Model id → its routable prefill workers (empty without prefill/decode pairs).
+    prefill_by_model: HashMap<String, Vec<usize>>,
+    pairs: bool,
     /// Pre-rendered GET /v1/models body; None when no worker serves any model.
     pub models_body: Option<Vec<u8>>,
     /// Why a request body must be read to route on this fleet whatever the request says
@@ -149,11 +188,12 @@ impl Snapshot {
             }
         }
         // Listed models are those with at least one routable worker.
-        let listed: Vec<&str> =
-            models.into_iter().filter(|m| by_model[*m].iter().any(|id| workers[*id].healthy)).collect();
+        // A prefill worker serves no request alone: it neither lists a model nor is a candidate.
+        let serving = |p: usize| workers[p].healthy && !workers[p].meta.role.is_prefill();
+        let listed: Vec<&str> = models.into_iter().filter(|m| by_model[*m].iter().any(|&p| serving(p))).collect();
         let models_body = (!listed.is_empty()).then(|| render_models(&listed));
         let routable = |ids: &[usize]| -> Routable {
-            let up: Vec<usize> = ids.iter().copied().filter(|&p| workers[p].healthy).collect();
+            let up: Vec<usize> = ids.iter().copied().filter(|&p| serving(p)).collect();
             let cool: Vec<usize> = up.iter().copied().filter(|&p| !workers[p].overloaded).collect();
             match (up.is_empty(), cool.is_empty()) {
                 (true, _) => Routable::Down,
@@ -165,17 +205,45 @@ impl Snapshot {
         let all: Vec<usize> = (0..workers.len()).collect();
         let healthy = routable(&all);
         let only_model = (by_model.len() == 1).then(|| by_model.keys().next().cloned()).flatten();
+        let mut prefill_by_model: HashMap<String, Vec<usize>> = HashMap::new();
+        for (pos, w) in workers.iter().enumerate() {
+            if let (Some(m), true) = (&w.model, w.healthy && w.meta.role.is_prefill()) {
+                prefill_by_model.entry(m.clone()).or_default().push(pos);
+            }
+        }
         let any_grpc = workers.iter().any(|w| w.url.grpc);
+        let pairs = workers.iter().any(|w| w.meta.role != Role::Regular);
         // A gRPC worker takes token ids the gateway makes from the whole body: streaming one
-        // to it would write HTTP/1.1 to its HTTP/2 port.
+        // to it would write HTTP/1.1 to its HTTP/2 port. A pair's legs get fields spliced in.
         let body_needed = if by_model.len() > 1 {
             Some("model_ambiguous")
-        } else if any_grpc || workers.iter().any(|w| w.meta.dp_rank.is_some()) {
+        } else if any_grpc || pairs || workers.iter().any(|w| w.meta.dp_rank.is_some()) {
             Some("worker_mutates_body")
         } else {
             None
         };
-        Snapshot { generation, workers, healthy_by_model, healthy, models_body, body_needed, only_model, any_grpc }
+        Snapshot {
+            generation,
+            workers,
+            healthy_by_model,
+            healthy,
+            prefill_by_model,
+            pairs,
+            models_body,
+            body_needed,
+            only_model,
+            any_grpc,
+        }
+    }
+
+    /// Some worker is one leg of a prefill/decode pair.
+    pub fn has_pairs(&self) -> bool {
+        self.pairs
+    }
+
+    /// Routable prefill workers for `model` (the decode leg's model).
+    pub fn prefill_candidates(&self, model: &str) -> &[usize] {
+        self.prefill_by_model.get(model).map_or(&[], Vec::as_slice)
     }
 
     /// The worker registered under `id`, if it still is.

@@ -1,0 +1,221 @@
+//! Prefill/decode pairs through the binary, both drivers, against smg-sim's PD roles: SGLang
+//! pairs (both legs at once with the bootstrap fields, batches included) and vLLM pairs
+//! (prefill first, its `kv_transfer_params` relayed), JSON and SSE answers from the decode;
+//! the roles as `/workers` shows them; a prefill that fails (its status and message kept, a
+//! 400 not retried), one that is unreachable (fails fast, the other prefill takes the retry),
+//! and the routes a pair does not serve.
+
+// clippy.toml's house rules are the gateway's: a test's threads are not shards and may block.
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::sim::Sim;
+use support::{both_drivers, free_port, get, patience, post, Gateway};
+
+/// A prefill sim on its own bootstrap port, with `flags`.
+fn prefill(flags: &[&str]) -> (Sim, u16) {
+    let bport = free_port();
+    let b = bport.to_string();
+    let mut all = vec!["--pd-role", "prefill", "--bootstrap-port", &b, "--ttft-ms", "5", "--itl-ms", "1"];
+    all.extend_from_slice(flags);
+    (Sim::start("m", &all), bport)
+}
+
+/// A decode sim that waits for its KV at most `handoff`.
+fn decode(handoff: Duration, flags: &[&str]) -> Sim {
+    let ms = handoff.as_millis().to_string();
+    let mut all = vec!["--pd-role", "decode", "--handoff-timeout-ms", &ms, "--itl-ms", "1"];
+    all.extend_from_slice(flags);
+    Sim::start("m", &all)
+}
+
+fn chat(extra: &str) -> String {
+    format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hello there"}}],"max_tokens":4{extra}}}"#)
+}
+
+fn stat(s: &Sim, key: &str) -> u64 {
+    s.stats()[key].as_u64().unwrap_or(0)
+}
+
+/// SSE `data:` payloads of a streamed answer.
+fn events(text: &str) -> Vec<String> {
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_owned).collect()
+}
+
+#[test]
+fn sglang_pairs_answer_from_the_decode() {
+    both_drivers(|legacy| {
+        let (p, bport) = prefill(&[]);
+        let d = decode(patience(Duration::from_secs(5)), &[]);
+        let gw = Gateway::start(
+            legacy,
+            &["--pd-disaggregation", "--prefill", &p.url(), &bport.to_string(), "--decode", &d.url(), "--cores", "2"],
+        );
+        gw.ready_workers(2);
+
+        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(d.url().as_str()), "names the decode");
+        assert_eq!(r.json()["usage"]["completion_tokens"].as_u64(), Some(4));
+        assert_eq!((stat(&p, "handoffs_served"), stat(&d, "handoffs_waited")), (1, 1), "the KV went over once");
+
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","stream":true"#), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let ev = events(&r.text());
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{ev:?}");
+
+        // Batches: one room per item, every item handed over.
+        let r = post(gw.port, "/v1/completions", r#"{"model":"m","prompt":["a b","c d","e f"],"max_tokens":2}"#, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","n":2"#), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = post(gw.port, "/generate", r#"{"text":"hi","sampling_params":{"max_new_tokens":3}}"#, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(stat(&p, "handoffs_served"), 2 + 3 + 2 + 1, "one room per item");
+
+        // The roles, as SMG shows them.
+        let w = get(gw.port, "/workers").json();
+        let roles: Vec<(String, Option<u64>)> = w["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| (w["worker_type"].as_str().unwrap().to_owned(), w["bootstrap_port"].as_u64()))
+            .collect();
+        assert_eq!(roles, [("prefill".to_owned(), Some(u64::from(bport))), ("decode".to_owned(), None)]);
+        assert_eq!(w["stats"]["prefill_count"].as_u64(), Some(1));
+        assert_eq!(w["stats"]["decode_count"].as_u64(), Some(1));
+        let models = get(gw.port, "/v1/models").json();
+        assert_eq!(models["data"][0]["id"].as_str(), Some("m"));
+
+        // What a pair does not serve, and a model it does not know.
+        let r = post(
+            gw.port,
+            "/v1/decisions",
+            r#"{"model":"m","input":"x","questions":[{"type":"predicate","instructions":"ok?"}]}"#,
+            &[],
+        );
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str().map(str::to_owned)),
+            (501, Some("decisions_not_supported".into()))
+        );
+        let r = post(gw.port, "/v1/chat/completions", &chat("").replace("\"m\"", "\"nope\""), &[]);
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str().map(str::to_owned)),
+            (404, Some("model_not_found".into()))
+        );
+    });
+}
+
+#[test]
+fn vllm_pairs_relay_the_prefills_transfer_params() {
+    both_drivers(|legacy| {
+        let (p, _) = prefill(&["--runtime", "vllm"]);
+        let d = decode(patience(Duration::from_secs(5)), &["--runtime", "vllm"]);
+        let gw = Gateway::start(
+            legacy,
+            &["--pd-disaggregation", "--prefill", &p.url(), "--decode", &d.url(), "--cores", "2"],
+        );
+        gw.ready_workers(2);
+        let r = post(gw.port, "/v1/chat/completions", &chat(r#","max_completion_tokens":4"#), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            r.json()["usage"]["completion_tokens"].as_u64(),
+            Some(4),
+            "the decode's tokens, not the prefill's one"
+        );
+        let r = post(
+            gw.port,
+            "/v1/completions",
+            r#"{"model":"m","prompt":"once upon","max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#,
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let ev = events(&r.text());
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{ev:?}");
+        assert!(ev.iter().any(|e| e.contains("\"completion_tokens\":3")), "{ev:?}");
+        assert_eq!((stat(&p, "handoffs_served"), stat(&d, "handoffs_waited")), (2, 2));
+    });
+}
+
+#[test]
+fn a_failed_prefill_keeps_its_status_and_an_unreachable_one_fails_fast() {
+    both_drivers(|legacy| {
+        // A prefill that refuses the request: its 400 and message, not retried.
+        let (p, bport) = prefill(&["--fail-rate", "1", "--fail-status", "400"]);
+        let handoff = patience(Duration::from_secs(20));
+        let d = decode(handoff, &[]);
+        let gw = Gateway::start(
+            legacy,
+            &["--pd-disaggregation", "--prefill", &p.url(), &bport.to_string(), "--decode", &d.url(), "--cores", "1"],
+        );
+        gw.ready_workers(2);
+        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
+        let e = r.json();
+        assert_eq!(e["error"]["code"].as_str(), Some("prefill_bad_request"), "{}", r.text());
+        assert!(e["error"]["message"].as_str().unwrap().starts_with("Prefill server error (400): "), "{}", r.text());
+        assert_eq!(stat(&p, "failed"), 1, "a prefill 400 is not retried");
+        drop(gw);
+
+        // Two prefills, one gone: the retry takes the other, and nobody waits for KV from the
+        // dead one (the decode's handoff timeout is the cost of getting this wrong).
+        let (alive, alive_port) = prefill(&[]);
+        let (dead, dead_port) = prefill(&[]);
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                &dead.url(),
+                &dead_port.to_string(),
+                "--prefill",
+                &alive.url(),
+                &alive_port.to_string(),
+                "--decode",
+                &d.url(),
+                "--prefill-policy",
+                "round_robin",
+                "--retry-initial-backoff-ms",
+                "1",
+                "--cores",
+                "1",
+            ],
+        );
+        gw.ready_workers(3);
+        dead.die();
+        for _ in 0..4 {
+            let t = Instant::now();
+            let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert!(t.elapsed() < handoff / 2, "waited {:?} on a dead prefill", t.elapsed());
+        }
+        // With retries off, the dead prefill's failure is the answer, at once.
+        drop(gw);
+        let (gone, gone_port) = prefill(&[]);
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                &gone.url(),
+                &gone_port.to_string(),
+                "--decode",
+                &d.url(),
+                "--disable-retries",
+                "--cores",
+                "1",
+            ],
+        );
+        gw.ready_workers(2);
+        gone.die();
+        let t = Instant::now();
+        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(r.status, 502, "{}", r.text());
+        assert!(r.text().contains(&gone.url()), "names the prefill: {}", r.text());
+        assert!(t.elapsed() < handoff / 2, "waited {:?} on a dead prefill", t.elapsed());
+    });
+}
