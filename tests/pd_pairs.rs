@@ -18,19 +18,27 @@ use support::{both_drivers, free_port, get, patience, post, Gateway};
 
 /// A prefill sim on its own bootstrap port, with `flags`.
 fn prefill(flags: &[&str]) -> (Sim, u16) {
+    prefill_of("m", flags)
+}
+
+fn prefill_of(model: &str, flags: &[&str]) -> (Sim, u16) {
     let bport = free_port();
     let b = bport.to_string();
     let mut all = vec!["--pd-role", "prefill", "--bootstrap-port", &b, "--ttft-ms", "5", "--itl-ms", "1"];
     all.extend_from_slice(flags);
-    (Sim::start("m", &all), bport)
+    (Sim::start(model, &all), bport)
 }
 
 /// A decode sim that waits for its KV at most `handoff`.
 fn decode(handoff: Duration, flags: &[&str]) -> Sim {
+    decode_of("m", handoff, flags)
+}
+
+fn decode_of(model: &str, handoff: Duration, flags: &[&str]) -> Sim {
     let ms = handoff.as_millis().to_string();
     let mut all = vec!["--pd-role", "decode", "--handoff-timeout-ms", &ms, "--itl-ms", "1"];
     all.extend_from_slice(flags);
-    Sim::start("m", &all)
+    Sim::start(model, &all)
 }
 
 fn chat(extra: &str) -> String {
@@ -217,5 +225,65 @@ fn a_failed_prefill_keeps_its_status_and_an_unreachable_one_fails_fast() {
         assert_eq!(r.status, 502, "{}", r.text());
         assert!(r.text().contains(&gone.url()), "names the prefill: {}", r.text());
         assert!(t.elapsed() < handoff / 2, "waited {:?} on a dead prefill", t.elapsed());
+    });
+}
+
+#[test]
+fn grpc_pairs_tokenize_once_and_say_which_leg_failed() {
+    both_drivers(|legacy| {
+        const MODEL: &str = "sim-model";
+        let body = |extra: &str| chat(extra).replace(r#""model":"m""#, &format!(r#""model":"{MODEL}""#));
+        let (p, bport) = prefill_of(MODEL, &["--grpc"]);
+        let d = decode_of(MODEL, patience(Duration::from_secs(5)), &["--grpc"]);
+        let (pu, du) = (p.grpc_url(), d.grpc_url());
+        let gw = Gateway::start(
+            legacy,
+            &["--pd-disaggregation", "--prefill", &pu, &bport.to_string(), "--decode", &du, "--cores", "2"],
+        );
+        gw.ready_workers(2);
+        let r = post(gw.port, "/v1/chat/completions", &body(""), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(du.as_str()), "names the decode");
+        assert_eq!(r.json()["usage"]["completion_tokens"].as_u64(), Some(4));
+        let r = post(gw.port, "/v1/chat/completions", &body(r#","stream":true"#), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(events(&r.text()).last().map(String::as_str), Some("[DONE]"));
+        let r = post(
+            gw.port,
+            "/v1/completions",
+            &format!(r#"{{"model":"{MODEL}","prompt":["one two","three four"],"max_tokens":2}}"#),
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["choices"].as_array().map(|a| a.len()), Some(2));
+        assert_eq!((stat(&p, "handoffs_served"), stat(&d, "handoffs_waited")), (4, 4), "one room per prompt");
+
+        // A decode gone: its leg's code; then the prefill gone: its leg's code.
+        d.die();
+        let r = post(gw.port, "/v1/chat/completions", &body(""), &[]);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("decode_worker_failed_to_start"), "{}", r.text());
+        drop(gw);
+        let d2 = decode_of(MODEL, patience(Duration::from_secs(20)), &["--grpc"]);
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                &pu,
+                &bport.to_string(),
+                "--decode",
+                &d2.grpc_url(),
+                "--disable-retries",
+                "--cores",
+                "1",
+            ],
+        );
+        gw.ready_workers(2);
+        p.die();
+        let t = Instant::now();
+        let r = post(gw.port, "/v1/chat/completions", &body(""), &[]);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("prefill_worker_failed_to_start"), "{}", r.text());
+        assert!(r.status >= 500, "{}", r.status);
+        assert!(t.elapsed() < patience(Duration::from_secs(10)), "waited {:?} on a dead prefill", t.elapsed());
     });
 }

@@ -99,6 +99,92 @@ fn endpoints_and_shapes() {
     }
 }
 
+/// SSE events of a body, without the `data: ` prefix.
+fn events(text: &str) -> Vec<&str> {
+    text.split("\n\n").filter(|e| !e.is_empty()).map(|e| e.strip_prefix("data: ").unwrap_or(e)).collect()
+}
+
+/// `meta_info[key]`'s triples.
+fn triples<'a>(v: &'a sonic_rs::Value, key: &str) -> Vec<&'a sonic_rs::Value> {
+    v["meta_info"][key].as_array().unwrap_or_else(|| panic!("no {key} in {v:?}")).iter().collect()
+}
+
+/// Each `[logprob, token_id, null]` entry: an id, a logprob ≤ 0 (null where `null_ok`), no text.
+fn check_triples(list: &[&sonic_rs::Value], first_null: bool) {
+    for (i, t) in list.iter().enumerate() {
+        assert_eq!(t.as_array().map(|a| a.len()), Some(3), "{t:?}");
+        assert!(t[1].as_u64().is_some() && t[2].is_null(), "{t:?}");
+        if i == 0 && first_null {
+            assert!(t[0].is_null(), "the first prompt entry is null, as SGLang pads it: {t:?}");
+        } else {
+            assert!(t[0].as_f64().is_some_and(|lp| lp <= 0.0), "{t:?}");
+        }
+    }
+}
+
+#[test]
+fn generate_logprobs() {
+    for legacy in DRIVERS {
+        let sim = Sim::start(&["--ports", "0"], legacy);
+        let p = sim.port();
+        let gen = |extra: &str| {
+            let body =
+                format!(r#"{{"text":"a prompt of several tokens","sampling_params":{{"max_new_tokens":3}}{extra}}}"#);
+            http(p, "POST", "/generate", &body)
+        };
+        // Without return_logprob: neither list.
+        let j = gen("").json();
+        assert!(
+            j["meta_info"].get("input_token_logprobs").is_none()
+                && j["meta_info"].get("output_token_logprobs").is_none()
+        );
+        let prompt_tokens = j["meta_info"]["prompt_tokens"].as_u64().unwrap() as usize;
+        assert!(prompt_tokens > 2);
+
+        // SGLang's default logprob_start_len (-1): the last prompt token only.
+        let j = gen(r#","return_logprob":true"#).json();
+        let input = triples(&j, "input_token_logprobs");
+        assert_eq!(input.len(), 1, "{j:?}");
+        check_triples(&input, true);
+        let output = triples(&j, "output_token_logprobs");
+        assert_eq!(output.len(), 3);
+        check_triples(&output, false);
+
+        // From the prompt's start: one entry per prompt token, the same on every call.
+        let whole = gen(r#","return_logprob":true,"logprob_start_len":0"#).json();
+        let input = triples(&whole, "input_token_logprobs");
+        assert_eq!(input.len(), prompt_tokens);
+        check_triples(&input, true);
+        assert_eq!(
+            whole["meta_info"]["input_token_logprobs"],
+            gen(r#","return_logprob":true,"logprob_start_len":0"#).json()["meta_info"]["input_token_logprobs"]
+        );
+        let from1 = gen(r#","return_logprob":true,"logprob_start_len":1"#).json();
+        let tail = triples(&from1, "input_token_logprobs");
+        assert_eq!(tail.len(), prompt_tokens - 1);
+        assert_eq!(tail[1..], input[2..], "fixed by the position");
+        assert_eq!(tail[0][1], input[1][1]);
+
+        // Streamed: every chunk has the whole input list and the output ones so far.
+        let r = gen(r#","return_logprob":true,"logprob_start_len":0,"stream":true"#);
+        let text = r.text();
+        let ev = events(&text);
+        assert_eq!(ev.len(), 4, "{text}");
+        for (k, e) in ev[..3].iter().enumerate() {
+            let chunk: sonic_rs::Value = sonic_rs::from_str(e).unwrap();
+            assert_eq!(chunk["meta_info"]["input_token_logprobs"], whole["meta_info"]["input_token_logprobs"]);
+            let out = triples(&chunk, "output_token_logprobs");
+            assert_eq!(out.len(), k + 1, "{e}");
+            assert_eq!(out[..], triples(&whole, "output_token_logprobs")[..k + 1]);
+        }
+
+        // A start at or past the prompt's end is SGLang's 400.
+        let r = gen(&format!(r#","return_logprob":true,"logprob_start_len":{prompt_tokens}"#));
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains("logprob_start_len"));
+    }
+}
+
 #[test]
 fn keep_alive_pipelining_and_chunked_bodies() {
     for legacy in DRIVERS {

@@ -48,6 +48,12 @@ pub enum WorkerCause {
     /// A gRPC engine failed the call after generation began, before anything reached the
     /// client.
     Generation(Status),
+    /// A gRPC pair's leg (its prefill, or else its decode) refused the call before the
+    /// decode's first message.
+    PairEngine {
+        status: Status,
+        prefill: bool,
+    },
     /// A pair's prefill leg answered this non-2xx status, with this message (its error's
     /// `message`, or its body).
     Prefill {
@@ -86,7 +92,7 @@ impl WorkerError {
         match &self.cause {
             WorkerCause::TooLarge { .. } => true,
             WorkerCause::Prefill { status, .. } => !crate::retry::retryable_status(*status),
-            WorkerCause::Engine(s) | WorkerCause::Generation(s) => {
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) | WorkerCause::PairEngine { status: s, .. } => {
                 grpc::too_large(s) || !crate::retry::retryable_status(grpc::http_status(s.code))
             }
             _ => false,
@@ -101,11 +107,17 @@ impl WorkerError {
         Some(match &self.cause {
             WorkerCause::TooLarge { .. } => return None,
             WorkerCause::Prefill { status, .. } => Verdict::of_status(*status),
-            WorkerCause::Engine(s) | WorkerCause::Generation(s) if grpc::too_large(s) => Verdict::Failure,
-            WorkerCause::Engine(s) | WorkerCause::Generation(s) => match grpc::http_status(s.code) {
-                400 => Verdict::Success,
-                http => Verdict::of_status(http),
-            },
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) | WorkerCause::PairEngine { status: s, .. }
+                if grpc::too_large(s) =>
+            {
+                Verdict::Failure
+            }
+            WorkerCause::Engine(s) | WorkerCause::Generation(s) | WorkerCause::PairEngine { status: s, .. } => {
+                match grpc::http_status(s.code) {
+                    400 => Verdict::Success,
+                    http => Verdict::of_status(http),
+                }
+            }
             _ => Verdict::Failure,
         })
     }
@@ -172,6 +184,8 @@ impl std::fmt::Display for WorkerCause {
             WorkerCause::TooLarge { len, max } => write!(f, "response of {len} bytes over --max-payload-size {max}"),
             WorkerCause::Engine(s) | WorkerCause::Generation(s) => write!(f, "engine: {s}"),
             WorkerCause::Prefill { status, message } => write!(f, "prefill answered {status}: {message}"),
+            WorkerCause::PairEngine { status, prefill: true } => write!(f, "prefill engine: {status}"),
+            WorkerCause::PairEngine { status, prefill: false } => write!(f, "decode engine: {status}"),
         }
     }
 }
@@ -229,11 +243,15 @@ fn worker_error(cause: &WorkerCause, worker: &str) -> ApiError {
         // prefix): too large for the gateway, as an HTTP answer over
         // `--max-payload-size` is; a 502, not the 429 its RESOURCE_EXHAUSTED would map
         // to, as the client is over no limit of its own.
-        WorkerCause::Engine(s) | WorkerCause::Generation(s) if grpc::too_large(s) => ApiError::new(
-            502,
-            "upstream_response_too_large",
-            format!("The engine sent a message over --grpc-max-message-size ({})", s.message),
-        ),
+        WorkerCause::Engine(s) | WorkerCause::Generation(s) | WorkerCause::PairEngine { status: s, .. }
+            if grpc::too_large(s) =>
+        {
+            ApiError::new(
+                502,
+                "upstream_response_too_large",
+                format!("The engine sent a message over --grpc-max-message-size ({})", s.message),
+            )
+        }
         // The engine did not start generation: the status follows its gRPC status.
         WorkerCause::Engine(s) => ApiError::new(
             grpc::http_status(s.code),
@@ -243,6 +261,16 @@ fn worker_error(cause: &WorkerCause, worker: &str) -> ApiError {
         WorkerCause::Generation(s) => {
             ApiError::new(grpc::http_status(s.code), "generation_failed", format!("Generation failed: {s}"))
         }
+        WorkerCause::PairEngine { status: s, prefill: true } => ApiError::new(
+            grpc::http_status(s.code),
+            "prefill_worker_failed_to_start",
+            format!("Prefill worker failed to start: {}", s.message),
+        ),
+        WorkerCause::PairEngine { status: s, prefill: false } => ApiError::new(
+            grpc::http_status(s.code),
+            "decode_worker_failed_to_start",
+            format!("Decode worker failed to start: {}", s.message),
+        ),
         cause => ApiError::upstream_failed(worker, &cause.to_string()),
     }
 }

@@ -63,13 +63,6 @@ pub(super) async fn forward(
             };
         let worker = picked.worker();
         let (id, is_grpc, pair) = (worker.id, worker.url.grpc, picked.prefill().is_some());
-        if is_grpc && pair {
-            return Outcome::Failed(Failure::Rejected(ApiError::new(
-                501,
-                "not_implemented",
-                "Prefill/decode pairs of gRPC workers are not supported yet",
-            )));
-        }
         if is_grpc && on_grpc.is_none() {
             match grpc::GrpcRequest::new(spec, body.bytes(&client.buf), ctx.model.as_deref()) {
                 Ok(g) => on_grpc = Some(g),
@@ -110,6 +103,10 @@ pub(super) async fn forward(
         };
         let failure: Option<WorkerError> = match attempted {
             Ok(Answer::Grpc(begun)) => {
+                // A pair's prefill took its calls (its failures end the attempt first).
+                if let Some(p) = picked.prefill() {
+                    ctx.judge(p.id, Verdict::Success);
+                }
                 let Some(g) = on_grpc.as_ref() else { unreachable!("a gRPC attempt had its request") };
                 match grpc::relay(shard, client, head, ctx, g, begun).await {
                     Ok(o) => return o,

@@ -30,7 +30,7 @@ use crate::http::pool::UpstreamConn;
 use crate::http::response_head::{read_response_head, ResponseHead};
 use crate::io::Writev2;
 use crate::pair::bootstrap::{self, Bootstrap};
-use crate::pair::{nixl, PairRoute, Unsplicable};
+use crate::pair::{bootstrap_host, nixl, PairRoute, Unsplicable};
 use crate::shard::Shard;
 use crate::trace::SpanIds;
 use crate::workers::breaker::Verdict;
@@ -80,7 +80,7 @@ pub async fn attempt(
         return decode_leg(shard, client, head, ctx, picked.worker(), d_body, fresh, watch).await;
     }
     let Role::Prefill { bootstrap_port } = prefill.meta.role else { unreachable!("picked as a prefill worker") };
-    let to = Bootstrap { host: host_of(&prefill.url.authority), port: bootstrap_port };
+    let to = Bootstrap { host: bootstrap_host(&prefill.url.authority), port: bootstrap_port };
     let mut d_body = Vec::with_capacity(sent.len() + 128);
     bootstrap::splice(sent, route, to, || shard.next_random(), &mut d_body).map_err(unsplicable)?;
     let p_body = d_body.clone();
@@ -105,18 +105,6 @@ pub async fn attempt(
     };
     prefill_answer(shard, ctx, prefill, conn, h).await?;
     Ok(answered)
-}
-
-/// The prefill's host, as the decode reaches its bootstrap server: the authority without
-/// its port (an IPv6 literal keeps its brackets).
-fn host_of(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        return authority.find(']').map_or(authority, |i| &authority[..=i]);
-    }
-    match authority.rsplit_once(':') {
-        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
-        _ => authority,
-    }
 }
 
 /// The prefill leg: its head and `body` written, its response head read. The client is
@@ -253,13 +241,6 @@ fn error_message(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_bootstrap_host_is_the_authority_without_its_port() {
-        assert_eq!(host_of("10.0.0.5:30001"), "10.0.0.5");
-        assert_eq!(host_of("prefill-0.svc"), "prefill-0.svc");
-        assert_eq!(host_of("[::1]:8000"), "[::1]");
-    }
 
     #[test]
     fn an_engine_error_says_its_message() {

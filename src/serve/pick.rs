@@ -214,12 +214,18 @@ fn pick_prefill(
         return Ok(None);
     }
     let model = decode.model.as_deref().unwrap_or("");
-    let all = snap.prefill_candidates(model);
+    // A pair speaks one protocol: an HTTP decode takes an HTTP prefill, a gRPC one a gRPC one.
+    let same: Vec<usize> = snap
+        .prefill_candidates(model)
+        .iter()
+        .copied()
+        .filter(|&p| snap.workers[p].url.grpc == decode.url.grpc)
+        .collect();
     let spared: Vec<usize>;
-    let positions = if avoid.is_empty() || all.iter().all(|&p| avoid.contains(&snap.workers[p].id)) {
-        all
+    let positions = if avoid.is_empty() || same.iter().all(|&p| avoid.contains(&snap.workers[p].id)) {
+        &same
     } else {
-        spared = all.iter().copied().filter(|&p| !avoid.contains(&snap.workers[p].id)).collect();
+        spared = same.iter().copied().filter(|&p| !avoid.contains(&snap.workers[p].id)).collect();
         &spared
     };
     let no_prefill = || {

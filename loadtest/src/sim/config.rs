@@ -187,10 +187,11 @@ pub struct SimArgs {
     #[arg(long, requires = "grpc")]
     pub is_embedding: bool,
 
-    /// Prefill/decode disaggregation (HTTP mode only): every worker of this process is a prefill
-    /// or a decode server of a PD pair, in its runtime's shape: sglang workers read
-    /// bootstrap_host, bootstrap_port and bootstrap_room; vllm workers read and answer vLLM's
-    /// kv_transfer_params. See src/sim/pd/mod.rs and the README.
+    /// Prefill/decode disaggregation: every worker of this process is a prefill or a decode
+    /// server of a PD pair, in its runtime's shape: sglang workers read bootstrap_host,
+    /// bootstrap_port and bootstrap_room; vllm workers read and answer vLLM's
+    /// kv_transfer_params. With --grpc (sglang workers only) Generate's disaggregated_params
+    /// carry the same three. See src/sim/pd/mod.rs and the README.
     #[arg(long, value_enum)]
     pub pd_role: Option<PdRole>,
     /// With --pd-role prefill: port of each worker's bootstrap listener, where decode workers
@@ -199,7 +200,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub bootstrap_port: Option<u16>,
     /// With --pd-role decode: how long a request waits for its KV before it fails with a 500
-    /// ("KV transfer failed").
+    /// (gRPC: INTERNAL) saying "KV transfer failed".
     #[arg(long, default_value_t = 10_000)]
     pub handoff_timeout_ms: u64,
 }
@@ -376,8 +377,10 @@ impl SimArgs {
         Ok(specs)
     }
 
-    /// The PD flags' rules: HTTP only, a bootstrap port only for prefill, and room for one
-    /// bootstrap port per worker above --bootstrap-port.
+    /// The PD flags' rules: with --grpc, SGLang's scheduler API of the simulator's own model
+    /// only (vLLM has no gRPC PD shape here, and a --llama-url model or an embedding model no
+    /// PD role); a bootstrap port only for prefill, and room for one bootstrap port per worker
+    /// above --bootstrap-port.
     fn check_pd(&self, groups: &[(Vec<u16>, String, Runtime)]) -> Result<(), String> {
         let Some(role) = self.pd_role else {
             return match self.bootstrap_port {
@@ -386,7 +389,14 @@ impl SimArgs {
             };
         };
         if self.grpc {
-            return Err("--pd-role is not supported with --grpc yet: PD roles serve the HTTP API only".into());
+            if groups.iter().any(|g| g.2 == Runtime::Vllm) {
+                return Err("--pd-role with --grpc plays SGLang's scheduler API (disaggregated_params): \
+                            every worker's runtime must be sglang"
+                    .into());
+            }
+            if self.llama_url.is_some() || self.is_embedding {
+                return Err("--pd-role does not combine with --llama-url or --is-embedding".into());
+            }
         }
         if self.bootstrap_port.is_some() && role != PdRole::Prefill {
             return Err("--bootstrap-port needs --pd-role prefill".into());
@@ -471,8 +481,14 @@ mod tests {
             .unwrap();
         let got: Vec<_> = specs.iter().map(|s| s.pd.as_ref().map(|p| p.protocol)).collect();
         assert_eq!(got, [Some(PdProtocol::Sglang), Some(PdProtocol::Vllm)]);
+        // gRPC workers play SGLang's PD shape.
+        let s = &SimArgs::parse_from(["smg-sim", "--pd-role", "decode", "--grpc"]).worker_specs().unwrap()[0];
+        assert_eq!(s.pd.as_ref().map(|p| (p.role, p.protocol)), Some((PdRole::Decode, PdProtocol::Sglang)));
         for bad in [
-            &["--pd-role", "prefill", "--grpc"][..],
+            &["--pd-role", "prefill", "--grpc", "--runtime", "vllm"][..],
+            &["--pd-role", "prefill", "--grpc", "--worker", "2::vllm"],
+            &["--pd-role", "decode", "--grpc", "--llama-url", "http://127.0.0.1:1"],
+            &["--pd-role", "prefill", "--grpc", "--is-embedding"],
             &["--pd-role", "decode", "--bootstrap-port", "9000"],
             &["--bootstrap-port", "9000"],
             &["--pd-role", "prefill", "--ports", "1,2", "--bootstrap-port", "65535"],

@@ -13,7 +13,9 @@ use monoio::time::Instant;
 use crate::rt::write_out;
 use crate::sim::handoff;
 use crate::sim::pd::Handoff;
-use crate::sim::render::{flush_events, put_error_body, put_head, put_response, Framing, Gen, DONE_EVENT};
+use crate::sim::render::{
+    flush_events, put_error_body, put_head, put_input_logprobs, put_response, Framing, Gen, DONE_EVENT,
+};
 use crate::sim::request::Api;
 use crate::sim::routes::Job;
 use crate::sim::timing::{self, Schedule};
@@ -66,6 +68,12 @@ pub async fn run(
             pd.rooms.finish(*room);
         }
     }
+    // Rendered once: a streamed answer repeats it in every chunk.
+    let input_logprobs = job.logprobs.clone().map(|positions| {
+        let mut b = Vec::with_capacity(24 * positions.end.saturating_sub(positions.start) as usize + 2);
+        put_input_logprobs(&mut b, positions);
+        b
+    });
     let gen = Gen {
         api: job.api,
         port: w.port,
@@ -76,6 +84,7 @@ pub async fn run(
         cached_tokens: job.cached_tokens,
         completion_tokens: job.output_tokens,
         finish: if job.hit_limit { "length" } else { "stop" },
+        input_logprobs: input_logprobs.as_deref(),
     };
     let result = if job.stream {
         stream_response(w, &gen, &job, sched, admitted, stream, s, keep_alive).await

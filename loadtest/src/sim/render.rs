@@ -1,12 +1,35 @@
 //! Response bytes: HTTP heads and the OpenAI / SGLang JSON bodies and SSE events, written into reused buffers.
 //!
 //! Nothing here allocates beyond growing the caller's buffer; numbers go through `itoa`.
+//!
+//! SGLang's `/generate` with `"return_logprob": true` adds two lists to `meta_info`, each entry
+//! a `[logprob, token_id, null]` triple (the third, the token's text, stays null as SGLang
+//! leaves it without `return_text_in_logprobs`):
+//!
+//! - `input_token_logprobs`: the prompt's tokens from `logprob_start_len`. SGLang's default
+//!   (-1, "output tokens only") starts at the prompt's last token, so by default the list holds
+//!   that one entry; a start at or past the prompt's length is a 400. As SGLang pads it, the
+//!   first entry's logprob is null. The sim has no tokenizer (the prompt is its bytes over
+//!   --bytes-per-token tokens): ids and logprobs are fixed by the position alone
+//!   (`prompt_token_id`, `prompt_logprob_milli`).
+//! - `output_token_logprobs`: one entry per generated token, all " hi" (`TOKEN_ID`), their
+//!   logprobs fixed by the position (`output_logprob_milli`), all in [-4, 0).
+//!
+//! Streamed, every chunk carries the whole `input_token_logprobs` and the
+//! `output_token_logprobs` so far (SGLang's default, non-incremental streaming). A PD decode
+//! server computes no prompt log-probabilities: its `input_token_logprobs` is `[]` in every
+//! chunk and in a whole answer, while a prefill server answers the prompt's as any worker does;
+//! a gateway in front of a pair puts the prefill's list before the decode's.
 
 use crate::sim::request::Api;
 use crate::wire::{put_chunk, put_u64};
 
 /// Text of one simulated token.
 pub const TOKEN: &str = " hi";
+/// Its token id in `/generate`'s log-probabilities (an arbitrary fixed id).
+pub const TOKEN_ID: u64 = 15_043;
+/// Prompt token ids in log-probabilities are below this (a Llama-sized vocabulary).
+const VOCAB: u64 = 32_000;
 
 /// How a response body is framed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +114,9 @@ pub struct Gen<'a> {
     pub completion_tokens: u32,
     /// "length" or "stop".
     pub finish: &'static str,
+    /// `/generate` with `return_logprob`: `input_token_logprobs`, rendered once
+    /// (`put_input_logprobs`); None without.
+    pub input_logprobs: Option<&'a [u8]>,
 }
 
 // === impl Gen ===
@@ -253,8 +279,78 @@ impl Gen<'_> {
         put_u64(out, tokens as u64);
         out.extend_from_slice(b",\"cached_tokens\":");
         put_u64(out, self.cached_tokens);
+        if let Some(input) = self.input_logprobs {
+            out.extend_from_slice(b",\"input_token_logprobs\":");
+            out.extend_from_slice(input);
+            out.extend_from_slice(b",\"output_token_logprobs\":[");
+            for k in 0..tokens as u64 {
+                if k > 0 {
+                    out.push(b',');
+                }
+                put_triple(out, Some(output_logprob_milli(k)), TOKEN_ID);
+            }
+            out.push(b']');
+        }
         out.extend_from_slice(b"}}");
     }
+}
+
+/// `input_token_logprobs` for the prompt positions `positions` (empty: `[]`): the first entry's
+/// logprob is null, as SGLang pads it.
+pub fn put_input_logprobs(out: &mut Vec<u8>, positions: std::ops::Range<u64>) {
+    out.push(b'[');
+    let first = positions.start;
+    for k in positions {
+        if k > first {
+            out.push(b',');
+        }
+        put_triple(out, (k > first).then(|| prompt_logprob_milli(k)), prompt_token_id(k));
+    }
+    out.push(b']');
+}
+
+/// `[logprob, token_id, null]`, the logprob given in thousandths below 0 (None: null).
+fn put_triple(out: &mut Vec<u8>, milli: Option<u64>, id: u64) {
+    out.push(b'[');
+    match milli {
+        Some(m) => {
+            out.push(b'-');
+            put_u64(out, m / 1000);
+            out.push(b'.');
+            let frac = m % 1000;
+            out.extend_from_slice(&[
+                b'0' + (frac / 100) as u8,
+                b'0' + (frac / 10 % 10) as u8,
+                b'0' + (frac % 10) as u8,
+            ]);
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+    out.push(b',');
+    put_u64(out, id);
+    out.extend_from_slice(b",null]");
+}
+
+/// splitmix64's finalizer: neighbouring positions give unrelated values.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The id the simulated tokenizer gives prompt position `k`.
+pub fn prompt_token_id(k: u64) -> u64 {
+    mix(k.wrapping_add(0x9E37_79B9_7F4A_7C15)) % VOCAB
+}
+
+/// Minus the logprob of prompt position `k`, in thousandths: in [1, 4000].
+pub fn prompt_logprob_milli(k: u64) -> u64 {
+    1 + mix(k ^ 0x5151_5151_5151_5151) % 4000
+}
+
+/// Minus the logprob of output position `k`, in thousandths: in [1, 2000].
+pub fn output_logprob_milli(k: u64) -> u64 {
+    1 + mix(k ^ 0x0A0A_0A0A_0A0A_0A0A) % 2000
 }
 
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
@@ -294,6 +390,7 @@ mod tests {
             cached_tokens: 4,
             completion_tokens: 3,
             finish: "length",
+            input_logprobs: None,
         }
     }
 
@@ -350,6 +447,55 @@ mod tests {
         let v = json(ev.strip_prefix(b"data: ").unwrap().strip_suffix(b"\n\n").unwrap());
         assert_eq!(v["text"].as_str(), Some(" hi hi"));
         assert!(v["meta_info"]["finish_reason"].is_null());
+    }
+
+    #[test]
+    fn generate_logprobs() {
+        let mut input = Vec::new();
+        put_input_logprobs(&mut input, 7..10);
+        let g = Gen { input_logprobs: Some(&input), ..gen(Api::Generate) };
+        let mut out = Vec::new();
+        g.put_full_body(&mut out);
+        let v = json(&out);
+        let meta = &v["meta_info"];
+        let inp = meta["input_token_logprobs"].as_array().unwrap();
+        assert_eq!(inp.len(), 3);
+        assert!(inp[0][0].is_null(), "the window's first is padded with null");
+        for (i, t) in inp.iter().enumerate() {
+            let k = 7 + i as u64;
+            assert_eq!(t[1].as_u64(), Some(prompt_token_id(k)));
+            assert!(t[2].is_null());
+            if i > 0 {
+                let lp = t[0].as_f64().unwrap();
+                assert!((lp + prompt_logprob_milli(k) as f64 / 1000.0).abs() < 1e-9 && lp < 0.0, "{lp}");
+            }
+        }
+        let outp = meta["output_token_logprobs"].as_array().unwrap();
+        assert_eq!(outp.len(), 3);
+        for (k, t) in outp.iter().enumerate() {
+            assert_eq!(t[1].as_u64(), Some(TOKEN_ID));
+            let lp = t[0].as_f64().unwrap();
+            assert!((-2.0..0.0).contains(&lp), "{lp}");
+            assert_eq!((-lp * 1000.0).round() as u64, output_logprob_milli(k as u64));
+        }
+        // A streamed chunk: the whole input list, the output ones so far; a decode's input list is [].
+        let mut empty = Vec::new();
+        put_input_logprobs(&mut empty, 5..5);
+        assert_eq!(empty, b"[]");
+        let g = Gen { input_logprobs: Some(&empty), ..gen(Api::Generate) };
+        let mut ev = Vec::new();
+        g.put_token_event(&mut ev, &[], 2);
+        let v = json(ev.strip_prefix(b"data: ").unwrap().strip_suffix(b"\n\n").unwrap());
+        assert_eq!(v["meta_info"]["input_token_logprobs"].as_array().map(|a| a.len()), Some(0));
+        assert_eq!(v["meta_info"]["output_token_logprobs"].as_array().map(|a| a.len()), Some(2));
+        // Without return_logprob, neither list.
+        let mut out = Vec::new();
+        gen(Api::Generate).put_full_body(&mut out);
+        assert!(json(&out)["meta_info"].get("output_token_logprobs").is_none());
+        let mut t = Vec::new();
+        put_triple(&mut t, Some(4000), 1);
+        put_triple(&mut t, Some(7), 2);
+        assert_eq!(t, b"[-4.000,1,null][-0.007,2,null]");
     }
 
     #[test]

@@ -28,12 +28,23 @@ pub struct GenRequest<'a> {
     /// Top-level "data_parallel_rank" (SGLang's DP routing field); null or absent is None.
     /// Signed so that a negative rank reaches the range check and gets its 400 there.
     pub dp_rank: Option<i64>,
+    /// `/generate`'s "return_logprob" (a batch's list: its first entry).
+    pub return_logprob: bool,
+    /// `/generate`'s "logprob_start_len"; null or absent is None (SGLang's default, -1).
+    pub logprob_start_len: Option<i64>,
 }
 
 /// Parses `body`; the error text goes into a 400 response.
 pub fn parse(api: Api, body: &[u8]) -> Result<GenRequest<'_>, String> {
-    let mut req =
-        GenRequest { stream: false, include_usage: false, max_tokens: None, prompt: Cow::Borrowed(""), dp_rank: None };
+    let mut req = GenRequest {
+        stream: false,
+        include_usage: false,
+        max_tokens: None,
+        prompt: Cow::Borrowed(""),
+        dp_rank: None,
+        return_logprob: false,
+        logprob_start_len: None,
+    };
     let mut max_completion_tokens = None;
     let mut seen_any = false;
     for entry in sonic_rs::to_object_iter(body) {
@@ -52,6 +63,14 @@ pub fn parse(api: Api, body: &[u8]) -> Result<GenRequest<'_>, String> {
             }
             (Api::Chat | Api::Completions, "max_tokens") => req.max_tokens = value.as_u64(),
             (Api::Chat, "max_completion_tokens") => max_completion_tokens = value.as_u64(),
+            (Api::Generate, "return_logprob") => {
+                req.return_logprob =
+                    value.as_bool().or_else(|| value.get(0).and_then(|v| v.as_bool())).unwrap_or(false);
+            }
+            (Api::Generate, "logprob_start_len") if !value.is_null() => {
+                let v = value.as_i64().or_else(|| value.get(0).and_then(|v| v.as_i64()));
+                req.logprob_start_len = Some(v.ok_or("logprob_start_len must be an integer")?);
+            }
             (Api::Generate, "sampling_params") => {
                 req.max_tokens = sonic_rs::get(value.as_raw_str(), ["max_new_tokens"]).ok().and_then(|v| v.as_u64());
             }
@@ -98,6 +117,14 @@ mod tests {
         let r =
             parse(Api::Generate, br#"{"text":"abc","sampling_params":{"max_new_tokens":9,"temperature":0}}"#).unwrap();
         assert_eq!((r.max_tokens, r.prompt.as_ref()), (Some(9), "\"abc\""));
+        assert!(!r.return_logprob && r.logprob_start_len.is_none());
+        let r = parse(Api::Generate, br#"{"text":"a","return_logprob":true,"logprob_start_len":2}"#).unwrap();
+        assert_eq!((r.return_logprob, r.logprob_start_len), (true, Some(2)));
+        let r = parse(Api::Generate, br#"{"text":["a"],"return_logprob":[true],"logprob_start_len":null}"#).unwrap();
+        assert_eq!((r.return_logprob, r.logprob_start_len), (true, None));
+        assert!(parse(Api::Generate, br#"{"text":"a","logprob_start_len":"0"}"#).is_err());
+        // Not /generate's: ignored elsewhere.
+        assert!(!parse(Api::Completions, br#"{"prompt":"p","return_logprob":true}"#).unwrap().return_logprob);
         let r = parse(Api::Embeddings, br#"{"input":"abc","stream":true}"#).unwrap();
         assert!(!r.stream);
         let r = parse(Api::Completions, br#"{"prompt":"p","max_tokens":2}"#).unwrap();

@@ -91,6 +91,9 @@ pub struct Job {
     pub truncate: Option<Option<u32>>,
     /// A PD worker's part: rooms to mark finished (prefill) or to wait for (decode).
     pub(crate) handoff: Handoff,
+    /// `/generate` with `return_logprob`: the prompt positions its `input_token_logprobs` cover
+    /// (empty on a PD decode server); None without.
+    pub logprobs: Option<std::ops::Range<u64>>,
 }
 
 /// What the connection does next.
@@ -211,6 +214,16 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
         Ok(h) => h,
         Err(e) => return error_reply(out, 400, &e, keep_alive, &w.extra_headers),
     };
+    let logprobs = match (api, req.return_logprob) {
+        (Api::Generate, true) => {
+            let prompt_tokens = w.cache.borrow().tokens_for(req.prompt.len());
+            match logprob_positions(req.logprob_start_len, prompt_tokens, &handoff) {
+                Ok(r) => Some(r),
+                Err(e) => return error_reply(out, 400, &e, keep_alive, &w.extra_headers),
+            }
+        }
+        _ => None,
+    };
     let fault = faults::draw(&w.faults.get(), &w.rng);
     let truncate = match fault {
         Fault::Fail { status } => {
@@ -250,6 +263,31 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
         hit_limit,
         truncate,
         handoff,
+        logprobs,
+    })
+}
+
+/// The prompt positions `/generate`'s `input_token_logprobs` cover: from `logprob_start_len`
+/// (SGLang's default -1, or any negative: the last prompt token only) to the prompt's end; none
+/// on a PD decode server, which computes no prompt log-probabilities. A start at or past the
+/// prompt's end is an error, as SGLang's.
+fn logprob_positions(
+    start: Option<i64>,
+    prompt_tokens: u64,
+    handoff: &Handoff,
+) -> Result<std::ops::Range<u64>, String> {
+    let from = match start.and_then(|s| u64::try_from(s).ok()) {
+        Some(s) if s >= prompt_tokens => {
+            return Err(format!(
+                "logprob_start_len ({s}) is higher than the number of input tokens ({prompt_tokens}). Request with a lower logprob_start_len."
+            ))
+        }
+        Some(s) => s,
+        None => prompt_tokens.saturating_sub(1),
+    };
+    Ok(match handoff {
+        Handoff::Decode(_) => prompt_tokens..prompt_tokens,
+        _ => from..prompt_tokens,
     })
 }
 
@@ -536,6 +574,35 @@ mod tests {
         assert_eq!(st["pd_role"].as_str(), Some("decode"));
         assert_eq!(st["handoffs_failed"].as_u64(), Some(0));
         assert!(call(&worker(&[]), Route::SimStats, "").1["pd_role"].is_null());
+    }
+
+    #[test]
+    fn generate_logprob_positions() {
+        let none = Handoff::None;
+        assert_eq!(logprob_positions(None, 10, &none).unwrap(), 9..10, "SGLang's default: the last prompt token");
+        assert_eq!(logprob_positions(Some(-1), 10, &none).unwrap(), 9..10);
+        assert_eq!(logprob_positions(Some(0), 10, &none).unwrap(), 0..10);
+        assert_eq!(logprob_positions(Some(9), 10, &none).unwrap(), 9..10);
+        assert!(logprob_positions(Some(10), 10, &none).unwrap_err().contains("logprob_start_len"));
+        assert_eq!(logprob_positions(Some(3), 10, &Handoff::Prefill(vec![1])).unwrap(), 3..10);
+        assert!(logprob_positions(Some(3), 10, &Handoff::Decode(Vec::new())).unwrap().is_empty());
+        // Through dispatch: only /generate reads return_logprob.
+        let w = worker(&[]);
+        let job = |route: Route, body: &str| {
+            let mut out = Vec::new();
+            match dispatch(&w, route, true, body.as_bytes(), true, &mut out) {
+                Action::Generate(job) => job,
+                other => panic!("{other:?}"),
+            }
+        };
+        let j = job(Route::Infer(Api::Generate), r#"{"text":"abcdefgh","return_logprob":true,"logprob_start_len":0}"#);
+        assert_eq!(j.logprobs, Some(0..j.prompt_tokens));
+        assert_eq!(job(Route::Infer(Api::Generate), r#"{"text":"abcdefgh"}"#).logprobs, None);
+        assert_eq!(job(Route::Infer(Api::Completions), r#"{"prompt":"a","return_logprob":true}"#).logprobs, None);
+        let (status, err) =
+            call(&w, Route::Infer(Api::Generate), r#"{"text":"a","return_logprob":true,"logprob_start_len":99}"#);
+        assert_eq!(status, 400);
+        assert!(err["error"]["message"].as_str().unwrap().contains("logprob_start_len"), "{err:?}");
     }
 
     #[test]

@@ -35,6 +35,12 @@
 //! `--reasoning-markup` / `--tool-call-markup` write the answer in a model family's markup
 //! (`markup`); a model whose name holds `gpt-oss` answers in Harmony (its reasoning, then a
 //! call of `get_weather` when the prompt declares it, else a final answer).
+//!
+//! A PD worker (`--pd-role`, protocol in pd/mod.rs, params read by `disagg`): a prefill answers
+//! one token (finish "length") once its prompt's prefill time is spent, when it also finishes
+//! the call's room on its bootstrap listener; a decode waits for the room's KV before its call
+//! answers anything (INTERNAL `KV transfer failed: ...` when it never comes), then generates
+//! with no prefill cost and no prompt log-probabilities.
 
 use std::rc::Rc;
 
@@ -49,10 +55,12 @@ use smg_proto::scheduler::{
 };
 
 use crate::sim::faults::{self, Fault};
+use crate::sim::grpc::disagg::{self, Received};
 use crate::sim::grpc::stream::{gone, response, End};
 use crate::sim::grpc::tokenizer::{self, CONTEXT_LENGTH};
 use crate::sim::grpc::wire::{self, reject, Code, Status};
 use crate::sim::grpc::{llama, markup};
+use crate::sim::pd::Handoff;
 use crate::sim::render::put_json_str;
 use crate::sim::timing;
 use crate::sim::worker::{bump, Worker};
@@ -81,6 +89,8 @@ struct Plan {
     last_prompt_id: u32,
     /// `return_logprob` with `logprob_start_len` ≥ 0: the prompt's log-probabilities from there.
     input_logprobs: Option<InputLogProbs>,
+    /// A PD worker's part: the room a prefill finishes, or the KV a decode waits for.
+    handoff: Handoff,
 }
 
 pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse<Bytes>) {
@@ -91,7 +101,7 @@ pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse
     *w.grpc_state.last_generate.borrow_mut() = describe(&req);
     let engine = match w.grpc.as_ref().and_then(|g| g.llama) {
         Some(addr) => Engine::Llama(addr),
-        None => match plan(w, &req) {
+        None => match disagg::handoff(w.pd.as_ref().map(|p| p.role), &req).and_then(|h| plan(w, &req, h)) {
             Ok(p) => Engine::Sim(p),
             Err(s) => {
                 bump(&w.stats.failed, 1);
@@ -99,9 +109,29 @@ pub async fn run(w: &Rc<Worker>, mut body: RecvStream, mut respond: SendResponse
             }
         },
     };
-    let Ok(mut send) = respond.send_response(wire::response_head(), false) else { return };
     let abort = w.grpc_state.register(&req.request_id);
+    let mut aborted = false;
+    if let Engine::Sim(Plan { handoff: Handoff::Decode(legs), .. }) = &engine {
+        // A decode takes the request into its batch only once the KV is here; without it the
+        // request is not generated, and the call fails before its first message.
+        match disagg::receive(w, legs, &abort, &mut respond).await {
+            Received::Ready => {}
+            Received::Aborted => aborted = true,
+            Received::Gone => {
+                w.grpc_state.unregister(&req.request_id);
+                return bump(&w.grpc_state.cancelled, 1);
+            }
+            Received::Failed(msg) => {
+                w.grpc_state.unregister(&req.request_id);
+                return reject(respond, &Status::new(Code::INTERNAL, msg));
+            }
+        }
+    }
+    let Ok(mut send) = respond.send_response(wire::response_head(), false) else {
+        return w.grpc_state.unregister(&req.request_id);
+    };
     let outcome = match &engine {
+        Engine::Sim(plan) if aborted => finish_all(&req, plan, &mut samples(plan), "abort", &mut send),
         Engine::Sim(plan) => generate(w, &req, plan, &abort, &mut send).await,
         Engine::Llama(addr) => llama::generate(*addr, &req, &abort, &mut send).await,
     };
@@ -136,7 +166,7 @@ enum Wake {
 }
 
 /// Validates the request, draws its fault, and looks its prompt up in the prefix cache.
-fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
+fn plan(w: &Worker, req: &GenerateRequest, handoff: Handoff) -> Result<Plan, Status> {
     let ids = req.tokenized.as_ref().map(|t| t.input_ids.as_slice()).unwrap_or(&[]);
     if ids.is_empty() {
         return Err(Status::new(Code::INVALID_ARGUMENT, "the request has no input_ids"));
@@ -175,6 +205,8 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         .or_else(|| markup::is_harmony_model(&w.model).then(|| markup::harmony_answer(&req.request_id, ids)));
     let stop_id = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
     let (length, natural_stop) = match (&forced, sp.max_new_tokens) {
+        // A prefill server answers with the first token only; the decode server generates the rest.
+        _ if matches!(handoff, Handoff::Prefill(_)) => (1, None),
         (Some(f), Some(m)) if m as usize <= f.len() => (m, None),
         (Some(f), _) => (f.len() as u32 + 1, Some(stop_id)),
         (None, m) => match m {
@@ -203,7 +235,9 @@ fn plan(w: &Worker, req: &GenerateRequest) -> Result<Plan, Status> {
         spec: (number_param(&sp, "sim_spec_draft"), number_param(&sp, "sim_spec_accepted")),
         huge: number_param(&sp, "sim_huge_tokens"),
         last_prompt_id: ids[ids.len() - 1],
-        input_logprobs: input_logprobs(req, ids),
+        // A decode server computes no prompt log-probabilities (the prefill did the prompt).
+        input_logprobs: if matches!(handoff, Handoff::Decode(_)) { None } else { input_logprobs(req, ids) },
+        handoff,
     })
 }
 
@@ -399,7 +433,11 @@ async fn decode(
     admitted: Instant,
 ) -> Result<(), End> {
     let t = w.timing.get();
-    let sched = timing::schedule(&t, (plan.prompt_tokens - plan.cached_tokens) as u64, w.running(), w.max_running);
+    let sched = match plan.handoff {
+        // The KV came from the prefill server: no prefill here, the first token is one step away.
+        Handoff::Decode(_) => timing::decode_schedule(&t, w.running(), w.max_running),
+        _ => timing::schedule(&t, (plan.prompt_tokens - plan.cached_tokens) as u64, w.running(), w.max_running),
+    };
     let dynamic = t.itl_batch_factor > 0.0;
     let seed = seed_of(&req.request_id);
     let mut samples = samples(plan);
@@ -422,6 +460,12 @@ async fn decode(
         } else if abort.is_fired() {
             flush(&mut out, send)?;
             return finish_all(req, plan, &mut samples, "abort", send);
+        }
+        if let (0, rooms @ [_, ..], Some(pd)) = (k, plan.handoff.finishes(), w.pd.as_ref()) {
+            // The prompt's KV exists once its first token is due: from then on the decode may take it.
+            for room in rooms {
+                pd.rooms.finish(*room);
+            }
         }
         for (i, s) in samples.iter_mut().enumerate().filter(|(_, s)| s.finished.is_none()) {
             let natural_end = k + 1 == plan.length && plan.natural_stop.is_some();

@@ -7,9 +7,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use prost_types::value::Kind;
 use smg_proto::common::{FlushCacheRequest, FlushCacheResponse};
 use smg_proto::scheduler::{
-    AbortRequest, AbortResponse, AggregateMetrics, GetLoadsRequest, GetLoadsResponse, GetModelInfoRequest,
-    GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest, HealthCheckResponse,
-    SchedulerLoad,
+    AbortRequest, AbortResponse, AggregateMetrics, DisaggregationMetrics, GetLoadsRequest, GetLoadsResponse,
+    GetModelInfoRequest, GetModelInfoResponse, GetServerInfoRequest, GetServerInfoResponse, HealthCheckRequest,
+    HealthCheckResponse, SchedulerLoad,
 };
 
 use crate::sim::grpc::tokenizer::{self, CONTEXT_LENGTH};
@@ -59,7 +59,7 @@ pub fn model_info(w: &Worker, _: GetModelInfoRequest) -> Result<GetModelInfoResp
 pub fn server_info(w: &Worker, _: GetServerInfoRequest) -> Result<GetServerInfoResponse, Status> {
     let dir = w.grpc.as_ref().map(|g| g.advertised_path.clone()).unwrap_or_default();
     let now = now_secs();
-    let server_args = structure(&[
+    let mut args = vec![
         ("model_path", Kind::StringValue(dir.clone())),
         ("tokenizer_path", Kind::StringValue(dir)),
         ("served_model_name", Kind::StringValue(w.model.clone())),
@@ -69,7 +69,13 @@ pub fn server_info(w: &Worker, _: GetServerInfoRequest) -> Result<GetServerInfoR
         ("max_running_requests", Kind::NumberValue(w.max_running as f64)),
         ("context_length", Kind::NumberValue(CONTEXT_LENGTH as f64)),
         ("skip_tokenizer_init", Kind::BoolValue(true)),
-    ]);
+        // SGLang's own server args: "null" when not a PD worker.
+        ("disaggregation_mode", Kind::StringValue(disaggregation_mode(w).into())),
+    ];
+    if let Some(addr) = w.pd.as_ref().and_then(|p| p.bootstrap_addr) {
+        args.push(("disaggregation_bootstrap_port", Kind::NumberValue(addr.port() as f64)));
+    }
+    let server_args = structure(&args);
     let scheduler_info = structure(&[
         ("max_total_num_tokens", Kind::NumberValue(w.max_total_tokens() as f64)),
         ("max_req_input_len", Kind::NumberValue((CONTEXT_LENGTH - 1) as f64)),
@@ -111,6 +117,12 @@ pub fn loads(w: &Worker, req: GetLoadsRequest) -> Result<GetLoadsResponse, Statu
         cache_hit_rate: w.cache.borrow().hit_rate(),
         utilization,
         max_running_requests: w.max_running as i32,
+        // An optional section, there when asked for (only its mode is simulated).
+        disaggregation: req
+            .include
+            .iter()
+            .any(|s| s == "disagg" || s == "all")
+            .then(|| DisaggregationMetrics { mode: disaggregation_mode(w).into(), ..Default::default() }),
         ..Default::default()
     };
     Ok(GetLoadsResponse {
@@ -139,6 +151,11 @@ pub fn abort(w: &Worker, req: AbortRequest) -> Result<AbortResponse, Status> {
 pub fn flush_cache(w: &Worker, _: FlushCacheRequest) -> Result<FlushCacheResponse, Status> {
     w.cache.borrow_mut().flush();
     Ok(FlushCacheResponse { success: true, message: "cache flushed".into() })
+}
+
+/// SGLang's `--disaggregation-mode`: "prefill", "decode", or "null".
+fn disaggregation_mode(w: &Worker) -> &'static str {
+    w.pd.as_ref().map_or("null", |p| p.role.name())
 }
 
 fn structure(fields: &[(&str, Kind)]) -> prost_types::Struct {

@@ -8,6 +8,7 @@
 //!
 //! - `server`: the h2 connection and the method table;
 //! - `generate`: the Generate call; `stream`: its response stream, whichever engine fills it;
+//! - `disagg`: a PD worker's part in it (`--pd-role`: `disaggregated_params`, the KV wait);
 //! - `info`: the unary RPCs; `bundle`: GetTokenizer's zip;
 //! - `wire`: gRPC message framing and statuses; `rewind`: replay of the sniffed bytes;
 //! - `tokenizer`: the simulated model's tokenizer files and context window;
@@ -15,6 +16,7 @@
 //! - `markup`: answers in a model family's reasoning and tool-call markup.
 
 pub mod bundle;
+pub(crate) mod disagg;
 pub mod embed;
 pub mod generate;
 pub mod info;

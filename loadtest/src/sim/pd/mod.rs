@@ -1,6 +1,6 @@
-//! Prefill/decode disaggregation (PD) for the HTTP mode (`--pd-role`), in the shape of the
-//! worker's runtime: SGLang's bootstrap fields, or vLLM's `kv_transfer_params`. Both shapes hand
-//! the KV over the same simulated way (below).
+//! Prefill/decode disaggregation (PD, `--pd-role`), in the shape of the worker's runtime:
+//! SGLang's bootstrap fields (over HTTP, or as `disaggregated_params` over gRPC), or vLLM's
+//! `kv_transfer_params`. Every shape hands the KV over the same simulated way (below).
 //!
 //! **SGLang** (`--runtime sglang`). A gateway sends the same request body to a prefill worker and
 //! a decode worker at the same time, with three fields added: `bootstrap_host` (the prefill's
@@ -17,6 +17,26 @@
 //!   comes (the bootstrap server is unreachable, says 404, or `--handoff-timeout-ms` runs out)
 //!   the request is not generated and the answer is a 500 whose message starts with
 //!   `KV transfer failed`.
+//! - `/generate` with `return_logprob`: a prefill answers `meta_info.input_token_logprobs` for
+//!   the prompt as any worker does; a decode computes no prompt log-probabilities and answers
+//!   `"input_token_logprobs":[]` (in every chunk when streaming), its output ones as usual. A
+//!   gateway in front of the pair puts the prefill's list before the decode's (sim/render.rs).
+//!
+//! **SGLang over gRPC** (`--grpc`, SGLang's scheduler API; sglang workers only). The gateway
+//! sends the same `GenerateRequest` to both workers at the same time, with
+//! `disaggregated_params: {bootstrap_host, bootstrap_port, bootstrap_room}` naming the prefill's
+//! bootstrap listener (the room an int32 in [0, 2^31-1); a port of 0, the proto's unset, means
+//! SGLang's default 8998). Both roles need `disaggregated_params` (else INVALID_ARGUMENT, as is
+//! a negative room, an empty host or a port beyond 65535). The prefill spends the prompt's
+//! prefill time, finishes the room as above, and answers one token (one chunk when streaming)
+//! and a GenerateComplete with finish_reason "length". The decode waits for the room's KV
+//! before its call answers anything (sim/handoff.rs, the same budget); then it streams as any
+//! gRPC worker, with TTFT the handoff wait plus one decode step and no prompt log-probabilities
+//! (`input_logprobs` unset, as an SGLang decode sends none). When the KV never comes the call
+//! fails before its first message ("trailers only") with INTERNAL and a message starting
+//! `KV transfer failed`. GetServerInfo's `server_args` say `disaggregation_mode` (and a
+//! prefill's `disaggregation_bootstrap_port`); GetLoads with `include` "disagg" or "all" fills
+//! each load's `disaggregation.mode`. grpc/disagg.rs reads the params.
 //!
 //! **vLLM** (`--runtime vllm`), as vLLM's NixlConnector and its disaggregated proxy do it
 //! ([`vllm`]). The legs go one after the other; bootstrap fields are ignored.
@@ -121,6 +141,8 @@ pub(crate) struct PdState {
     pub(crate) announce: Option<Announce>,
     /// vLLM prefill: the next room it takes (the gateway names none).
     next_room: Cell<u64>,
+    /// Prefill: where its bootstrap listener was bound (None before, and in unit tests).
+    pub(crate) bootstrap_addr: Option<SocketAddr>,
 }
 
 // === impl PdState ===
@@ -142,6 +164,7 @@ impl PdState {
             // A random start, so that a restarted prefill on the same port does not take the rooms
             // of the one before it, which a late decode may still ask for.
             next_room: Cell::new(fastrand::u64(..MAX_ROOM / 2)),
+            bootstrap_addr: spec.bootstrap_addr,
         }
     }
 

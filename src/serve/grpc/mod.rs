@@ -19,13 +19,14 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use h2::client::SendRequest;
 use smg_proto::paths::sglang_scheduler as path;
-use smg_proto::scheduler::{
-    generate_response, AbortRequest, AbortResponse, EmbedResponse, GenerateRequest, GenerateResponse, TokenizedInput,
-};
+use smg_proto::scheduler::{generate_response, EmbedResponse, GenerateResponse};
 use smg_wire::num::put_hex_width;
+
+mod calls;
+mod pair;
+
+use calls::{abort_all, start, Started, Target};
 
 use super::client::Client;
 use super::ctx::{Picked, RequestCtx};
@@ -35,7 +36,7 @@ use super::upstream::AttemptError;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract::Endpoint;
 use crate::grpc::assemble::{Answer, Assembler, Step};
-use crate::grpc::conn::{self, Call, Limits};
+use crate::grpc::conn::{Call, Limits};
 use crate::grpc::decisions::{self, Questions, Scoring};
 use crate::grpc::embeddings::{self, Embeddings};
 use crate::grpc::model::GrpcModel;
@@ -52,21 +53,6 @@ use crate::shard::Shard;
 use crate::workers::admin::AdminReply;
 use crate::workers::breaker::Verdict;
 use crate::workers::WorkerId;
-
-/// The worker a call went to.
-struct Target {
-    id: WorkerId,
-    /// `--dp-aware`: the data-parallel rank this worker entry stands for.
-    dp_rank: Option<u32>,
-    url: String,
-    authority: String,
-    send: SendRequest<Bytes>,
-}
-
-/// Engine calls that have produced their first message.
-struct Started {
-    calls: Vec<(String, Call, Option<GenerateResponse>)>,
-}
 
 /// The request as gRPC workers take it: its body parsed once, and prepared (rendered and
 /// tokenized) once per model, so another worker of the same model reuses it.
@@ -227,11 +213,14 @@ pub async fn attempt(
     req.prepare(&model).map_err(|e| AttemptError::Failed(Failure::Rejected(e)))?;
     // A new engine request id per attempt: a failed one may still be known to its engine.
     let id = response_id(shard, req.id_prefix);
+    let pair = picked.prefill().is_some();
     let engine_failed = |s: Status| {
         if s.message.starts_with("transport") || s.message.starts_with("connect") {
             shard.grpc().forget(wid);
         }
-        AttemptError::Failed(Failure::Worker(WorkerError::new(WorkerCause::Engine(s), false)))
+        // A pair's decode says so (`decode_worker_failed_to_start`).
+        let cause = if pair { WorkerCause::PairEngine { status: s, prefill: false } } else { WorkerCause::Engine(s) };
+        AttemptError::Failed(Failure::Worker(WorkerError::new(cause, false)))
     };
     let send = shard.grpc().ready(wid, addr).await.map_err(engine_failed)?;
     let mut target = Target { id: wid, dp_rank, url, authority, send };
@@ -243,7 +232,11 @@ pub async fn attempt(
     match &req.route {
         Route::Generate { prepared, .. } => {
             let (_, prep) = prepared.as_ref().expect("prepared");
-            match start(&mut target, client, prep, &id, limits).await {
+            if let Some(prefill) = picked.prefill() {
+                let (target, started) = pair::attempt(shard, client, prefill, target, prep, &id, limits).await?;
+                return Ok(Begun(Began::Generating { target, started, id }));
+            }
+            match start(&mut target, client, prep, &id, limits, None).await {
                 Ok(Some(started)) => Ok(Begun(Began::Generating { target, started, id })),
                 Ok(None) => Err(AttemptError::ClientGone),
                 Err(s) => Err(engine_failed(s)),
@@ -402,75 +395,6 @@ fn response_id(shard: &Shard, prefix: &str) -> String {
     put_hex_width(&mut id, shard.next_random(), 16);
     put_hex_width(&mut id, shard.next_random(), 8);
     String::from_utf8(id).unwrap_or_default()
-}
-
-fn engine_request(prep: &Prepared, rid: String, ids: &[u32], dp_rank: Option<u32>) -> GenerateRequest {
-    GenerateRequest {
-        data_parallel_rank: dp_rank.and_then(|r| i32::try_from(r).ok()),
-        request_id: rid,
-        tokenized: Some(TokenizedInput { original_text: String::new(), input_ids: ids.to_vec() }),
-        sampling_params: Some(prep.params.clone()),
-        logprob_start_len: prep.logprob_start,
-        stream: prep.stream,
-        require_reasoning: prep.reasoning,
-        return_logprob: prep.logprobs.is_some(),
-        top_logprobs_num: prep.logprobs.map_or(0, |k| k.min(i32::MAX as u32) as i32),
-        ..Default::default()
-    }
-}
-
-/// Sends every engine request and waits for each one's first message, watching the client.
-/// Ok(None): the client left (its requests were aborted).
-async fn start(
-    target: &mut Target,
-    client: &Client,
-    prep: &Prepared,
-    id: &str,
-    limits: Limits,
-) -> Result<Option<Started>, Status> {
-    let many = prep.prompts.len() > 1;
-    let mut calls = Vec::with_capacity(prep.prompts.len());
-    for (i, ids) in prep.prompts.iter().enumerate() {
-        let rid = if many { format!("{id}-{i}") } else { id.to_string() };
-        let req = engine_request(prep, rid.clone(), ids, target.dp_rank);
-        let mut send = target.send.clone().ready().await.map_err(wire::transport)?;
-        // The response head comes at once (the engine answers it before admitting the
-        // request): the client is watched from the first message on.
-        let mut call = Call::start(&mut send, &target.authority, path::GENERATE, &req).await?;
-        call.limit(limits);
-        calls.push((rid, call, None));
-    }
-    for i in 0..calls.len() {
-        let first = monoio::select! {
-            m = calls[i].1.next::<GenerateResponse>() => m,
-            closed = peer_closed(&client.stream) => {
-                if closed {
-                    abort_all(target, calls.iter().map(|(r, _, _)| r.clone()));
-                    return Ok(None);
-                }
-                calls[i].1.next::<GenerateResponse>().await
-            }
-        };
-        match first {
-            Some(Ok(m)) => calls[i].2 = Some(m),
-            Some(Err(s)) => return Err(s),
-            None => return Err(Status::new(Code::INTERNAL, "the engine ended the call without a message")),
-        }
-    }
-    Ok(Some(Started { calls }))
-}
-
-/// Abort RPCs for `rids`, sent from a task of their own (the request is over for us).
-fn abort_all(target: &Target, rids: impl Iterator<Item = String>) {
-    for rid in rids {
-        let send = target.send.clone();
-        let authority = target.authority.clone();
-        monoio::spawn(async move {
-            let Ok(mut send) = send.ready().await else { return };
-            let req = AbortRequest { request_id: rid, reason: "client disconnected".into() };
-            let _ = conn::unary::<_, AbortResponse>(&mut send, &authority, path::ABORT, &req).await;
-        });
-    }
 }
 
 /// From the first engine messages to the response's end: reads each call in turn, hands its
