@@ -85,6 +85,27 @@ fn sglang_pairs_answer_from_the_decode() {
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(stat(&p, "handoffs_served"), 2 + 3 + 2 + 1, "one room per item");
 
+        // The prompt's log-probabilities are the prefill's: merged in front of the decode's
+        // (empty) list, whole and in every streamed event.
+        let lp = r#"{"text":"four score and seven years","return_logprob":true,"logprob_start_len":0,"sampling_params":{"max_new_tokens":3}"#;
+        let r = post(gw.port, "/generate", &format!("{lp}}}"), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let meta = &r.json()["meta_info"];
+        let prompt = meta["prompt_tokens"].as_u64().unwrap() as usize;
+        assert!(prompt > 1);
+        assert_eq!(meta["input_token_logprobs"].as_array().map(|a| a.len()), Some(prompt), "{}", r.text());
+        assert_eq!(meta["output_token_logprobs"].as_array().map(|a| a.len()), Some(3), "the decode's own");
+        let r = post(gw.port, "/generate", &format!(r#"{lp},"stream":true}}"#), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-smg-routed-worker-id"), Some(d.url().as_str()));
+        let ev = events(&r.text());
+        let docs: Vec<sonic_rs::Value> =
+            ev.iter().filter(|e| *e != "[DONE]").map(|e| sonic_rs::from_str(e).unwrap()).collect();
+        assert!(!docs.is_empty());
+        for doc in &docs {
+            assert_eq!(doc["meta_info"]["input_token_logprobs"].as_array().map(|a| a.len()), Some(prompt), "{doc:?}");
+        }
+
         // The roles, as SMG shows them.
         let w = get(gw.port, "/workers").json();
         let roles: Vec<(String, Option<u64>)> = w["workers"]

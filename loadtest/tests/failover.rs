@@ -6,20 +6,8 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::smg_load;
+use common::{gateway_bin, smg_load};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
-
-fn gateway_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("SMG_BIN").map(PathBuf::from) {
-        return p.is_file().then_some(p);
-    }
-    // target/<profile>/deps/failover-<hash> → target/<profile>/smg
-    let exe = std::env::current_exe().ok()?;
-    let p = exe.parent()?.parent()?.join("smg");
-    p.is_file().then_some(p)
-}
 
 #[test]
 fn two_trials_against_the_gateway() {

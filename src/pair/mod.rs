@@ -8,6 +8,7 @@
 //!   body with the `kv_transfer_params` the prefill answered.
 
 pub mod bootstrap;
+pub mod logprobs;
 pub mod nixl;
 
 /// The request routes a pair serves: they differ in which field makes a batch.

@@ -21,7 +21,7 @@ use super::ctx::RequestCtx;
 use super::error::{Failure, WorkerError};
 use super::finish::Outcome;
 use super::upstream::{relay_response, Answered, AttemptError, HttpRequest};
-use super::{decisions, grpc, pair, pick};
+use super::{decisions, grpc, merged, pair, pick};
 use crate::api::{ApiError, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -34,6 +34,8 @@ use crate::workers::WorkerId;
 /// What an attempt got: an answer to relay, by protocol.
 enum Answer {
     Http(Answered),
+    /// A pair's 2xx `/generate` answer, with the prefill's prompt log-probabilities to merge.
+    Merged(Answered, pair::Merge),
     Grpc(grpc::Begun),
 }
 
@@ -76,9 +78,12 @@ pub(super) async fn forward(
         let attempt = async {
             match on_grpc.as_mut() {
                 Some(g) if is_grpc => grpc::attempt(shard, client, ctx, &picked, g).await.map(Answer::Grpc),
-                _ if pair => pair::attempt(shard, client, head, ctx, spec, &picked, body, fresh, &mut watch)
-                    .await
-                    .map(Answer::Http),
+                _ if pair => pair::attempt(shard, client, head, ctx, spec, &picked, body, fresh, &mut watch).await.map(
+                    |(answered, items)| match items {
+                        Some(merge) => Answer::Merged(answered, merge),
+                        None => Answer::Http(answered),
+                    },
+                ),
                 _ => http.attempt(shard, client, head, ctx, &picked, body, fresh, &mut watch).await.map(Answer::Http),
             }
         };
@@ -134,6 +139,12 @@ pub(super) async fn forward(
                         http.up_head = spare;
                         Some(e)
                     }
+                }
+            }
+            Ok(Answer::Merged(answered, merge)) => {
+                match merged::relay(shard, client, head, ctx, &picked, answered, &merge).await {
+                    Ok(o) => return o,
+                    Err(e) => Some(e),
                 }
             }
             Err(AttemptError::Failed(Failure::Worker(e))) => Some(e),

@@ -37,6 +37,7 @@ mod forward;
 mod grpc;
 mod inspect;
 mod isolate;
+mod merged;
 mod pair;
 mod pick;
 mod realtime;

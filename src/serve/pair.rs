@@ -12,6 +12,8 @@
 //!   500 when its KV never comes: the prefill's failure is the cause, and is retried). With
 //!   both heads in, the prefill's answer is read whole (its connection pooled) and the
 //!   decode's, 2xx or not, is the answer.
+//!   On `/generate` with `return_logprob`, the prefill's prompt log-probabilities go
+//!   with the decode's answer to its relay (serve/merged.rs).
 //! - vLLM prefill (pair/nixl.rs): the prefill first, alone, read whole; then the decode
 //!   with the prefill's `kv_transfer_params`.
 
@@ -30,7 +32,7 @@ use crate::http::pool::UpstreamConn;
 use crate::http::response_head::{read_response_head, ResponseHead};
 use crate::io::Writev2;
 use crate::pair::bootstrap::{self, Bootstrap};
-use crate::pair::{bootstrap_host, nixl, PairRoute, Unsplicable};
+use crate::pair::{bootstrap_host, logprobs, nixl, PairRoute, Unsplicable};
 use crate::shard::Shard;
 use crate::trace::SpanIds;
 use crate::workers::breaker::Verdict;
@@ -59,7 +61,7 @@ pub async fn attempt(
     body: &Body,
     fresh: bool,
     watch: &mut bool,
-) -> Result<Answered, AttemptError> {
+) -> Result<(Answered, Option<Merge>), AttemptError> {
     let Some(prefill) = picked.prefill() else { unreachable!("a pair attempt has its prefill") };
     let Some(route) = pair_route(spec) else { unreachable!("pick sends pairs generation only") };
     let sent = body.bytes(&client.buf);
@@ -77,7 +79,7 @@ pub async fn attempt(
             // A prefill engine without a KV connector: the decode computes the prompt itself.
             None => d_body.extend_from_slice(sent),
         }
-        return decode_leg(shard, client, head, ctx, picked.worker(), d_body, fresh, watch).await;
+        return Ok((decode_leg(shard, client, head, ctx, picked.worker(), d_body, fresh, watch).await?, None));
     }
     let Role::Prefill { bootstrap_port } = prefill.meta.role else { unreachable!("picked as a prefill worker") };
     let to = Bootstrap { host: bootstrap_host(&prefill.url.authority), port: bootstrap_port };
@@ -103,8 +105,26 @@ pub async fn attempt(
             }
         }
     };
-    prefill_answer(shard, ctx, prefill, conn, h).await?;
-    Ok(answered)
+    let answer = prefill_answer(shard, ctx, prefill, conn, h).await?;
+    // SGLang's prompt log-probabilities are the prefill's: merged into the decode's answer.
+    let merge =
+        route == PairRoute::Generate && (200..300).contains(&answered.head.status) && flag(sent, "return_logprob");
+    let merge = merge.then(|| logprobs::prefill_items(&answer)).flatten();
+    Ok((answered, merge.map(|items| Merge { items, streamed: flag(sent, "stream") })))
+}
+
+/// What the relay of a pair's answer merges in: the prefill's prompt log-probabilities, into
+/// an SSE answer (`streamed`) or a JSON one.
+pub struct Merge {
+    pub items: Vec<u8>,
+    pub streamed: bool,
+}
+
+/// The body sets `key` to true.
+fn flag(body: &[u8], key: &str) -> bool {
+    let Ok(doc) = contract::json::parse(body) else { return false };
+    doc.kind(0) == contract::json::Kind::Object
+        && doc.get(0, key).is_some_and(|v| doc.kind(v) == contract::json::Kind::Bool && doc.node(v).flag)
 }
 
 /// The prefill leg: its head and `body` written, its response head read. The client is

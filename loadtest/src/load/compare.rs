@@ -4,12 +4,13 @@
 //! proxy with upstream keep-alive) and `smg-python` (the `pip install smg` launcher). Missing
 //! peers are skipped with a note, so the comparison always runs. The system under test is pinned
 //! to `--sut-core`; the simulator and the load generator share `--load-core`. Each target is
-//! started fresh per round and stopped after it, so no target warms caches for another.
+//! started fresh per round and stopped after it, so no target warms caches for another. The
+//! workers behind the targets are load/fleet.rs's: whole-request ones, or prefill/decode pairs
+//! (`--pd`), which only the gateway targets can drive.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,26 +18,25 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::load::entry::{Entry, Page};
+use crate::load::fleet::{Fleet, FleetArgs};
+use crate::load::pd_fleet::{Handoffs, PdRuntime};
+use crate::load::procs::{free_port, on_path, pinned, wait_ready, Proc, TempDir};
 use crate::load::report::Report;
 use crate::load::report_dir;
 use crate::load::run::{execute_recorded, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
 use crate::rt;
 
+/// How long a request may take before it counts as a timeout (and, with `--pd`, how long a
+/// decode waits for its KV: the same patience).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// What the systems under test are and how they start: the simulated workers behind them,
 /// the gateway builds and their flags, nginx, SMG itself (`compare` and `sweep` share it).
 #[derive(Args, Debug, Clone)]
 pub struct SutArgs {
-    /// smg-sim binary (default: next to this executable).
-    #[arg(long)]
-    pub sim_bin: Option<PathBuf>,
-    /// Simulated workers per model, all behind every proxy target (`direct` uses the first):
-    /// how routing cost grows with the fleet.
-    #[arg(long, default_value_t = 1)]
-    pub sim_workers: usize,
-    /// Extra smg-sim flags, space separated (e.g. "--ttft-ms 5 --itl-ms 1").
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    pub sim_args: String,
+    #[command(flatten)]
+    pub fleet: FleetArgs,
     /// Gateway binary (default: $SMG_BIN, else target/release/smg of this workspace).
     #[arg(long)]
     pub gateway_bin: Option<PathBuf>,
@@ -60,12 +60,6 @@ pub struct SutArgs {
     /// Python SMG launcher (default: an `smg` script on PATH).
     #[arg(long)]
     pub smg_python_bin: Option<PathBuf>,
-    /// gRPC workers: the simulators serve SGLang's scheduler API (`smg-sim --grpc`) and the
-    /// gateways register them as `grpc://`, so they tokenize, render and detokenize
-    /// themselves. Only the gateway targets (smg, smg-base, smg-python) speak it; direct and
-    /// nginx are skipped.
-    #[arg(long)]
-    pub grpc: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -119,10 +113,19 @@ pub struct Row {
     pub cpu_us_per_request: Option<f64>,
     /// The system (kernel) part of it: what no user-space change can remove.
     pub system_us_per_request: Option<f64>,
+    /// Requests answered without error, over all rounds (measured windows only).
+    pub ok: u64,
     pub errors: u64,
     pub rps_vs_direct: Option<f64>,
     pub p50_vs_direct: Option<f64>,
     pub p99_vs_direct: Option<f64>,
+    /// With `--pd`: the decode workers' mean wait for a room's KV, in ms (part of every
+    /// request's latency and TTFT), over this target's rounds, warm-up included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoff_wait_ms: Option<f64>,
+    /// With `--pd`: rooms whose KV never reached the decode (each a failed request).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoffs_failed: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,73 +142,6 @@ pub(crate) struct Target {
     pub(crate) bin: Option<PathBuf>,
 }
 
-/// A started child process, stopped (SIGTERM, then SIGKILL) when dropped.
-pub(crate) struct Proc {
-    pub(crate) child: Child,
-    pub(crate) _dir: Option<TempDir>,
-}
-
-// === impl Proc ===
-
-impl Proc {
-    pub(crate) fn new(child: Child) -> Self {
-        Self { child, _dir: None }
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Proc {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet (so the pid
-        // cannot have been reused); it only sends a signal.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A scratch directory removed on drop.
-pub(crate) struct TempDir(pub(crate) PathBuf);
-
-impl TempDir {
-    pub(crate) fn new(tag: &str) -> std::io::Result<Self> {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-        let p = std::env::temp_dir().join(format!("smg-compare-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p)?;
-        Ok(Self(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-pub(crate) fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("free port: {e}"))?;
-    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
-}
-
-pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
-}
-
 /// True when the file starts with a shebang naming python (pip console scripts do).
 fn is_python_script(p: &Path) -> bool {
     let mut head = [0u8; 128];
@@ -213,7 +149,6 @@ fn is_python_script(p: &Path) -> bool {
     head[..n].starts_with(b"#!") && memchr::memmem::find(&head[..n], b"python").is_some()
 }
 
-/// Prefix with `taskset -c CORE` when taskset exists, so the child starts pinned.
 /// nginx pinned to `core`, running `conf(dir)` from a temporary directory of its own
 /// (prefix, config and error log there); the directory goes when the returned guard does.
 pub(crate) fn spawn_nginx(
@@ -239,100 +174,6 @@ pub(crate) fn spawn_nginx(
     Ok((child, dir))
 }
 
-pub(crate) fn pinned(core: usize, program: &Path) -> Command {
-    match on_path("taskset") {
-        Some(ts) => {
-            let mut c = Command::new(ts);
-            c.arg("-c").arg(core.to_string()).arg(program);
-            c
-        }
-        None => Command::new(program),
-    }
-}
-
-/// Sends one request with blocking I/O and returns the status code.
-fn probe(addr: SocketAddr, req: &[u8]) -> Option<u16> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(req).ok()?;
-    let mut buf = [0u8; 64];
-    let mut n = 0;
-    while n < 12 {
-        let r = s.read(&mut buf[n..]).ok()?;
-        if r == 0 {
-            return None;
-        }
-        n += r;
-    }
-    std::str::from_utf8(&buf[9..12]).ok()?.parse().ok()
-}
-
-pub(crate) fn wait_ready(addr: SocketAddr, req: &[u8], child: &mut Child, within: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Ok(Some(st)) = child.try_wait() {
-            return Err(format!("exited during start-up ({st})"));
-        }
-        if probe(addr, req) == Some(200) {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Err(format!("not ready within {within:?}"))
-}
-
-pub(crate) fn start_sim(args: &CompareArgs, scenario: &Scenario) -> Result<(Proc, Vec<u16>), String> {
-    let bin = sim_bin(args.sut.sim_bin.as_deref())?;
-    let mut cmd = pinned(args.load_core, &bin);
-    let models = if scenario.models.is_empty() { vec![scenario.model.clone()] } else { scenario.models.clone() };
-    for m in &models {
-        for _ in 0..args.sut.sim_workers.max(1) {
-            cmd.arg("--worker").arg(format!("0:{m}"));
-        }
-    }
-    cmd.arg("--cores").arg(args.load_core.to_string());
-    if args.sut.grpc {
-        cmd.arg("--grpc");
-    }
-    cmd.args(args.sut.sim_args.split_whitespace());
-    spawn_sim(cmd, &bin)
-}
-
-/// The smg-sim binary: the one given, else the one next to this executable.
-pub(crate) fn sim_bin(given: Option<&Path>) -> Result<PathBuf, String> {
-    match given {
-        Some(b) => Ok(b.to_path_buf()),
-        None => Ok(std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("smg-sim")),
-    }
-}
-
-/// Spawns a prepared smg-sim command and returns it with its ports, once it printed `ready`.
-pub(crate) fn spawn_sim(mut cmd: Command, bin: &Path) -> Result<(Proc, Vec<u16>), String> {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("start {}: {e}", bin.display()))?;
-    let stdout = child.stdout.take().ok_or("no sim stdout")?;
-    let mut ports = Vec::new();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.map_err(|e| e.to_string())?;
-        if let Some(rest) = line.strip_prefix("listening ") {
-            let addr = rest.split_whitespace().next().unwrap_or("");
-            let port = addr.rsplit(':').next().and_then(|p| p.parse().ok());
-            ports.push(port.ok_or_else(|| format!("bad sim line {line:?}"))?);
-        } else if line.starts_with("ready") {
-            break;
-        }
-    }
-    if ports.is_empty() {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err("smg-sim did not start".into());
-    }
-    Ok((Proc { child, _dir: None }, ports))
-}
-
 /// nginx as a reverse proxy to the workers; `access_log`: with its own buffered access log
 /// (the `combined` format, 64 KB buffer), the fair match for a gateway whose access log is on.
 fn nginx_conf(dir: &Path, port: u16, upstreams: &[u16], access_log: bool) -> String {
@@ -356,18 +197,17 @@ http {{\n  {log}\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy
 pub(crate) fn start_target(
     t: &Target,
     args: &CompareArgs,
-    sim_ports: &[u16],
+    fleet: &Fleet,
     probe_req: &dyn Fn(u16) -> Vec<u8>,
 ) -> Result<(Option<Proc>, u16), String> {
-    let scheme = if args.sut.grpc { "grpc" } else { "http" };
-    let worker_urls: Vec<String> = sim_ports.iter().map(|p| format!("{scheme}://127.0.0.1:{p}")).collect();
+    let scheme = if args.sut.fleet.grpc { "grpc" } else { "http" };
     let port = free_port()?;
     let (mut child, dir) = match t.kind {
-        Kind::Direct => return Ok((None, sim_ports[0])),
+        Kind::Direct => return Ok((None, fleet.direct_port().ok_or("direct: no whole-request worker")?)),
         Kind::Smg | Kind::SmgPython => {
             let bin = t.bin.as_ref().ok_or("no binary")?;
             let mut cmd = pinned(args.sut_core, bin);
-            cmd.arg("launch").arg("--worker-urls").args(&worker_urls);
+            cmd.arg("launch").args(fleet.gateway_args(scheme));
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
             if t.kind == Kind::SmgPython {
                 // Its metrics listener defaults to 0.0.0.0:29000, which another gateway on the
@@ -388,13 +228,14 @@ pub(crate) fn start_target(
         }
         Kind::Nginx => {
             let bin = t.bin.as_ref().ok_or("no binary")?;
+            let upstreams = fleet.whole_ports().ok_or("nginx: no whole-request workers to proxy")?;
             let (child, dir) = spawn_nginx(args.sut_core, bin, "nginx", |dir| {
-                nginx_conf(dir, port, sim_ports, t.name == "nginx-log")
+                nginx_conf(dir, port, upstreams, t.name == "nginx-log")
             })?;
             (child, Some(dir))
         }
     };
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let addr = ([127, 0, 0, 1], port).into();
     if let Err(e) = wait_ready(addr, &probe_req(port), &mut child, Duration::from_secs(30)) {
         drop(Proc { child, _dir: dir });
         return Err(e);
@@ -448,8 +289,24 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
                 return Err(format!("unknown target {other:?} (direct, smg, smg-base, nginx, nginx-log, smg-python)"))
             }
         };
-        if args.sut.grpc && matches!(kind, Kind::Direct | Kind::Nginx) {
+        if args.sut.fleet.grpc && matches!(kind, Kind::Direct | Kind::Nginx) {
             notes.push(format!("{name}: skipped (--grpc: it speaks no gRPC)"));
+            continue;
+        }
+        if args.sut.fleet.pd && kind == Kind::Direct {
+            notes.push(format!("{name}: skipped (--pd: a lone prefill or decode worker is half an answer)"));
+            continue;
+        }
+        if args.sut.fleet.pd && kind == Kind::Nginx {
+            notes.push(format!("{name}: skipped (--pd: nginx cannot pair prefill and decode workers)"));
+            continue;
+        }
+        if args.sut.fleet.pd_runtime == Some(PdRuntime::Vllm) && kind == Kind::SmgPython {
+            // Seen: its flag-given pairs get SGLang's bootstrap fields, which a vLLM prefill
+            // answers 400, so it would only time out at start-up.
+            notes.push(format!(
+                "{name}: skipped (--pd-runtime vllm: SMG 1.13's --prefill/--decode pairs speak SGLang's shape only)"
+            ));
             continue;
         }
         if kind != Kind::Direct && bin.is_none() {
@@ -473,12 +330,14 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         notes.push("taskset not found: processes run unpinned".into());
     }
     rt::pin_to(args.load_core);
-    let (_sim, sim_ports) = start_sim(args, &scenario)?;
+    let fleet = Fleet::start(&args.sut.fleet, args.load_core, &scenario.model_names(), REQUEST_TIMEOUT)?;
     let req_for = |port: u16| -> Vec<u8> {
         let host = format!("127.0.0.1:{port}");
         scenario.requests(&host, None, &args.sut.headers).swap_remove(0).to_vec()
     };
     let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
+    // Per target, the decode workers' handoffs during its runs (PD fleets only).
+    let mut handoffs: Vec<Option<Handoffs>> = targets.iter().map(|_| None).collect();
     let mut entries: Vec<Entry> = Vec::new();
     let session = Instant::now();
     for round in 0..args.rounds.max(1) {
@@ -488,7 +347,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         for k in 0..targets.len() {
             let i = (k + round) % targets.len();
             let t = &targets[i];
-            let (proc_, port) = match start_target(t, args, &sim_ports, &req_for) {
+            let (proc_, port) = match start_target(t, args, &fleet, &req_for) {
                 Ok(x) => x,
                 Err(e) => {
                     notes.push(format!("{} round {}: {e}", t.name, round + 1));
@@ -505,7 +364,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 duration: Some(args.duration),
                 count: None,
                 warmup: args.warmup,
-                timeout: Duration::from_secs(30),
+                timeout: REQUEST_TIMEOUT,
                 threads: 1,
                 cores: Some(vec![args.load_core]),
                 parse_usage: true,
@@ -514,14 +373,21 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 stop: None,
             };
             let t0_s = session.elapsed().as_secs_f64() + args.warmup.as_secs_f64();
+            let pd_before = fleet.pd().and_then(|pd| pd.handoffs());
             let measured = execute_recorded(&plan, args.report.is_some())?;
+            let pd_run = pd_before.zip(fleet.pd().and_then(|pd| pd.handoffs())).map(|(b, a)| a.since(b));
             drop(proc_);
+            if let Some(h) = pd_run {
+                handoffs[i] = Some(handoffs[i].unwrap_or_default().plus(h));
+            }
             let report = measured.report.clone();
             if args.report.is_some() {
                 entries.push(Entry::new(t.name, None, round + 1, t0_s, measured));
             }
+            let kv_wait =
+                pd_run.and_then(Handoffs::mean_wait_ms).map_or_else(String::new, |w| format!("  KV wait {w:.3} ms"));
             eprintln!(
-                "round {} {:<10} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}",
+                "round {} {:<10} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}{kv_wait}",
                 round + 1,
                 t.name,
                 report.rps,
@@ -535,8 +401,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     let mut rows: Vec<Row> = targets
         .iter()
         .zip(&results)
-        .filter(|(_, r)| !r.is_empty())
-        .map(|(t, r)| Row {
+        .zip(&handoffs)
+        .filter(|((_, r), _)| !r.is_empty())
+        .map(|((t, r), &h)| Row {
             target: t.name.to_string(),
             rounds: r.len(),
             rps: median(r.iter().map(|x| x.rps).collect()),
@@ -547,10 +414,13 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             system_us_per_request: (t.kind != Kind::Direct).then(|| {
                 median(r.iter().filter_map(|x| x.target_cpu.first().map(|c| c.system_us_per_request)).collect())
             }),
+            ok: r.iter().map(|x| x.ok).sum(),
             errors: r.iter().map(|x| x.errors).sum(),
             rps_vs_direct: None,
             p50_vs_direct: None,
             p99_vs_direct: None,
+            handoff_wait_ms: h.and_then(Handoffs::mean_wait_ms),
+            handoffs_failed: h.map(|h| h.failed),
         })
         .collect();
     if let Some(d) = rows.iter().find(|r| r.target == "direct").cloned() {
@@ -565,8 +435,14 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         println!("{}", sonic_rs::to_string_pretty(&rows).map_err(|e| e.to_string())?);
     } else {
         println!(
-            "scenario {}  concurrency {}  {} rounds x {:?} (medians)  SUT core {}, load+sim core {}",
-            scenario.name, args.concurrency, args.rounds, args.duration, args.sut_core, args.load_core
+            "scenario {}  concurrency {}  {} rounds x {:?} (medians)  SUT core {}, load+sim core {}  workers: {}",
+            scenario.name,
+            args.concurrency,
+            args.rounds,
+            args.duration,
+            args.sut_core,
+            args.load_core,
+            fleet.describe()
         );
         println!(
             "{:<11} {:>10} {:>9} {:>9} {:>12} {:>12} {:>10} {:>10} {:>10} {:>7}",
@@ -595,6 +471,14 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 f(r.p50_vs_direct, 2),
                 f(r.p99_vs_direct, 2),
                 r.errors
+            );
+        }
+        for r in rows.iter().filter(|r| r.handoffs_failed.is_some()) {
+            println!(
+                "{:<11} decode KV wait {} ms/request (in its latency and TTFT), {} handoffs failed",
+                r.target,
+                f(r.handoff_wait_ms, 3),
+                r.handoffs_failed.unwrap_or(0)
             );
         }
     }

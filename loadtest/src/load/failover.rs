@@ -21,7 +21,8 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::load::blocking::{self, Client, WorkerState};
-use crate::load::compare::{self, Proc};
+use crate::load::compare;
+use crate::load::procs::{self, Proc};
 use crate::load::report::Report;
 use crate::load::run::{execute, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
@@ -158,7 +159,7 @@ impl Bench<'_> {
         let mut cmd = Command::new(&self.sim_bin);
         cmd.args(["--host", "127.0.0.1", "--ports", "0", "--model", &self.args.model]);
         cmd.args(self.args.sim_args.split_whitespace());
-        let (p, ports) = compare::spawn_sim(cmd, &self.sim_bin)?;
+        let (p, ports) = procs::spawn_sim(cmd, &self.sim_bin)?;
         Ok((p, ports[0]))
     }
 
@@ -272,7 +273,7 @@ fn load_scenario(model: &str) -> Scenario {
 /// One configuration: a fresh gateway, the background load, the trials.
 fn run_config(args: &FailoverArgs, user_flags: &str, gateway: &Path, stable_port: u16) -> Result<Row, String> {
     let flags = gateway_flags(user_flags);
-    let port = compare::free_port()?;
+    let port = procs::free_port()?;
     let mut cmd = Command::new(gateway);
     cmd.args(["launch", "--host", "127.0.0.1", "--port", &port.to_string(), "--worker-urls"]);
     cmd.arg(format!("http://127.0.0.1:{stable_port}"));
@@ -285,7 +286,7 @@ fn run_config(args: &FailoverArgs, user_flags: &str, gateway: &Path, stable_port
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let host = format!("127.0.0.1:{port}");
     let probe = load_scenario(&args.model).requests(&host, None, &[]).swap_remove(0);
-    if let Err(e) = compare::wait_ready(addr, &probe, &mut child, Duration::from_secs(60)) {
+    if let Err(e) = procs::wait_ready(addr, &probe, &mut child, Duration::from_secs(60)) {
         drop(Proc::new(child));
         return Err(format!("gateway {}: {e}", flags.join(" ")));
     }
@@ -295,7 +296,7 @@ fn run_config(args: &FailoverArgs, user_flags: &str, gateway: &Path, stable_port
     let load = start_load(args, port, stop.clone());
     let mut bench = Bench {
         args,
-        sim_bin: compare::sim_bin(args.sim_bin.as_deref())?,
+        sim_bin: procs::sim_bin(args.sim_bin.as_deref())?,
         admin: Client::new(addr, Duration::from_secs(5)),
     };
     let mut outcomes = Vec::new();
@@ -381,11 +382,11 @@ pub fn run(args: &FailoverArgs) -> Result<(), String> {
     if !gateway.is_file() {
         return Err(format!("gateway binary {} not found (give --gateway-bin or $SMG_BIN)", gateway.display()));
     }
-    let sim_bin = compare::sim_bin(args.sim_bin.as_deref())?;
+    let sim_bin = procs::sim_bin(args.sim_bin.as_deref())?;
     let mut stable = Command::new(&sim_bin);
     stable.args(["--host", "127.0.0.1", "--ports", "0", "--model", &args.model]);
     stable.args(args.sim_args.split_whitespace());
-    let (_stable, ports) = compare::spawn_sim(stable, &sim_bin)?;
+    let (_stable, ports) = procs::spawn_sim(stable, &sim_bin)?;
     let configs = if args.gateway_args.is_empty() { vec![String::new()] } else { args.gateway_args.clone() };
     let mut rows = Vec::new();
     for c in &configs {

@@ -124,6 +124,15 @@ impl Scenario {
         }
     }
 
+    /// Every model the requests name: the workers a fleet must serve.
+    pub fn model_names(&self) -> Vec<String> {
+        if self.models.is_empty() {
+            vec![self.model.clone()]
+        } else {
+            self.models.clone()
+        }
+    }
+
     fn model_for(&self, i: usize) -> &str {
         if self.models.is_empty() {
             &self.model

@@ -16,9 +16,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::load::blocking::{self, Client};
-use crate::load::compare::{self, CompareArgs, Proc, SutArgs, Target};
+use crate::load::compare::{self, CompareArgs, SutArgs, Target};
 use crate::load::entry::{Capacity, Entry, Page};
+use crate::load::fleet::Fleet;
 use crate::load::open_loop::Arrivals;
+use crate::load::procs::{on_path, Proc};
 use crate::load::report_dir;
 use crate::load::run::{execute_recorded, resolve, split_url, ArrivalArg, LoadPlan, Mode};
 use crate::load::scenario::Scenario;
@@ -236,17 +238,17 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
         return Err("no target to run".into());
     }
     let names: Vec<String> = targets.iter().map(|t| t.name().to_string()).collect();
-    if compare::on_path("taskset").is_none() {
+    if on_path("taskset").is_none() {
         notes.push("taskset not found: processes run unpinned".into());
     }
     rt::pin_to(args.load_core);
     let needs_sim = targets.iter().any(|t| matches!(t, SweepTarget::Named(_)));
-    let (_sim, sim_ports) = if needs_sim {
-        let (p, ports) = compare::start_sim(&cargs, &scenario)?;
-        (Some(p), ports)
+    let fleet = if needs_sim {
+        Some(Fleet::start(&args.sut.fleet, args.load_core, &scenario.model_names(), args.timeout)?)
     } else {
-        (None, Vec::new())
+        None
     };
+    let sim_ports = fleet.as_ref().map(Fleet::ports).unwrap_or_default();
     let req_for = |port: u16| -> Vec<u8> {
         let host = format!("127.0.0.1:{port}");
         scenario.requests(&host, None, &args.sut.headers).swap_remove(0).to_vec()
@@ -264,14 +266,17 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
             }
             let t = &targets[i];
             let (proc_, addr, host, path): (Option<Proc>, SocketAddr, String, Option<String>) = match t {
-                SweepTarget::Named(nt) => match compare::start_target(nt, &cargs, &sim_ports, &req_for) {
-                    Ok((p, port)) => (p, ([127, 0, 0, 1], port).into(), format!("127.0.0.1:{port}"), None),
-                    Err(e) => {
-                        notes.push(format!("{} at {rate} req/s: {e}", nt.name));
-                        done[i] = true;
-                        continue;
+                // A named target is why the fleet started, so it is there.
+                SweepTarget::Named(nt) => {
+                    match compare::start_target(nt, &cargs, fleet.as_ref().ok_or("no fleet")?, &req_for) {
+                        Ok((p, port)) => (p, ([127, 0, 0, 1], port).into(), format!("127.0.0.1:{port}"), None),
+                        Err(e) => {
+                            notes.push(format!("{} at {rate} req/s: {e}", nt.name));
+                            done[i] = true;
+                            continue;
+                        }
                     }
-                },
+                }
                 SweepTarget::Url { authority, addr, path, .. } => (None, *addr, authority.clone(), path.clone()),
             };
             let plan = LoadPlan {

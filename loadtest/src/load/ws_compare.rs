@@ -12,9 +12,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::load::compare::{
-    find_targets, median, on_path, pinned, spawn_nginx, wait_ready, CompareArgs, Kind, Proc, Target,
-};
+use crate::load::compare::{find_targets, median, spawn_nginx, CompareArgs, Kind, Target};
+use crate::load::procs::{self, on_path, pinned, wait_ready, Proc};
 use crate::load::ws::{self, WsPlan, WsResult};
 use crate::rt;
 
@@ -47,7 +46,7 @@ fn status(addr: SocketAddr, req: &str) -> Option<u16> {
 
 /// Starts a target in front of the worker at `sim`; None for direct.
 fn start(t: &Target, args: &CompareArgs, sim: u16) -> Result<(Option<Proc>, u16), String> {
-    let port = crate::load::compare::free_port()?;
+    let port = procs::free_port()?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     match t.kind {
         Kind::Direct => Ok((None, sim)),
@@ -82,6 +81,9 @@ fn start(t: &Target, args: &CompareArgs, sim: u16) -> Result<(Option<Proc>, u16)
 }
 
 pub fn run(args: &CompareArgs) -> Result<(), String> {
+    if args.sut.fleet.pd {
+        return Err("--pd: the WebSocket relay has no prefill/decode path".into());
+    }
     let mut notes = Vec::new();
     let targets: Vec<Target> =
         find_targets(args, &mut notes)?.into_iter().filter(|t| t.kind != Kind::SmgPython).collect();
@@ -92,11 +94,11 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         notes.push("taskset not found: processes run unpinned".into());
     }
     rt::pin_to(args.load_core);
-    let bin = crate::load::compare::sim_bin(args.sut.sim_bin.as_deref())?;
+    let bin = procs::sim_bin(args.sut.fleet.sim_bin.as_deref())?;
     let mut cmd = pinned(args.load_core, &bin);
     cmd.args(["--worker", &format!("0:{MODEL}"), "--cores", &args.load_core.to_string()]);
-    cmd.args(args.sut.sim_args.split_whitespace());
-    let (_sim, ports) = crate::load::compare::spawn_sim(cmd, &bin)?;
+    cmd.args(args.sut.fleet.sim_args.split_whitespace());
+    let (_sim, ports) = procs::spawn_sim(cmd, &bin)?;
     let sim = ports[0];
     let mut results: Vec<Vec<WsResult>> = targets.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds.max(1) {

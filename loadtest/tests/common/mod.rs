@@ -173,3 +173,16 @@ pub fn smg_load(args: &[&str], legacy: bool) -> sonic_rs::Value {
     assert!(out.status.success(), "smg-load {args:?} failed: {}", String::from_utf8_lossy(&out.stdout));
     sonic_rs::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
+
+/// The gateway binary for tests that run it: `$SMG_BIN`, else `smg` in this test's own target
+/// profile directory (present after `cargo build --bin smg`); None when neither exists. The
+/// gateway is another package, so Cargo gives no `CARGO_BIN_EXE_smg`.
+pub fn gateway_bin() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("SMG_BIN").map(std::path::PathBuf::from) {
+        return p.is_file().then_some(p);
+    }
+    // target/<profile>/deps/<test>-<hash> → target/<profile>/smg
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("smg");
+    p.is_file().then_some(p)
+}
