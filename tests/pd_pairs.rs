@@ -24,7 +24,8 @@ fn prefill(flags: &[&str]) -> (Sim, u16) {
 fn prefill_of(model: &str, flags: &[&str]) -> (Sim, u16) {
     let bport = free_port();
     let b = bport.to_string();
-    let mut all = vec!["--pd-role", "prefill", "--bootstrap-port", &b, "--ttft-ms", "5", "--itl-ms", "1"];
+    let mut all = vec!["--pd-role", "prefill", "--bootstrap-port", &b];
+    all.extend(defaults(&[("--ttft-ms", "5"), ("--itl-ms", "1")], flags));
     all.extend_from_slice(flags);
     (Sim::start(model, &all), bport)
 }
@@ -36,9 +37,15 @@ fn decode(handoff: Duration, flags: &[&str]) -> Sim {
 
 fn decode_of(model: &str, handoff: Duration, flags: &[&str]) -> Sim {
     let ms = handoff.as_millis().to_string();
-    let mut all = vec!["--pd-role", "decode", "--handoff-timeout-ms", &ms, "--itl-ms", "1"];
+    let mut all = vec!["--pd-role", "decode", "--handoff-timeout-ms", &ms];
+    all.extend(defaults(&[("--itl-ms", "1")], flags));
     all.extend_from_slice(flags);
     Sim::start(model, &all)
+}
+
+/// The timing flags of `defaults` that `flags` does not set.
+fn defaults<'a>(defaults: &[(&'a str, &'a str)], flags: &[&str]) -> Vec<&'a str> {
+    defaults.iter().filter(|(f, _)| !flags.contains(f)).flat_map(|&(f, v)| [f, v]).collect()
 }
 
 fn chat(extra: &str) -> String {
@@ -130,6 +137,24 @@ fn sglang_pairs_answer_from_the_decode() {
         assert_eq!(
             (r.status, r.json()["error"]["code"].as_str().map(str::to_owned)),
             (501, Some("decisions_not_supported".into()))
+        );
+        let form = "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n--b--\r\n";
+        let r = {
+            use std::io::Write;
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", gw.port)).unwrap();
+            c.set_read_timeout(Some(patience(Duration::from_secs(10)))).unwrap();
+            let head = format!(
+                "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: {}\r\n\r\n",
+                form.len()
+            );
+            c.write_all(format!("{head}{form}").as_bytes()).unwrap();
+            support::read_response(&mut c, &mut Vec::new(), false).unwrap()
+        };
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str().map(str::to_owned)),
+            (501, Some("not_implemented".into())),
+            "{}",
+            r.text()
         );
         let r = post(gw.port, "/v1/chat/completions", &chat("").replace("\"m\"", "\"nope\""), &[]);
         assert_eq!(
@@ -306,5 +331,159 @@ fn grpc_pairs_tokenize_once_and_say_which_leg_failed() {
         assert_eq!(r.json()["error"]["code"].as_str(), Some("prefill_worker_failed_to_start"), "{}", r.text());
         assert!(r.status >= 500, "{}", r.status);
         assert!(t.elapsed() < patience(Duration::from_secs(10)), "waited {:?} on a dead prefill", t.elapsed());
+    });
+}
+
+#[test]
+fn each_role_is_routed_by_its_own_policy() {
+    both_drivers(|legacy| {
+        let (p1, b1) = prefill(&[]);
+        let (p2, b2) = prefill(&[]);
+        let (d1, d2) = (decode(patience(Duration::from_secs(5)), &[]), decode(patience(Duration::from_secs(5)), &[]));
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                &p1.url(),
+                &b1.to_string(),
+                "--prefill",
+                &p2.url(),
+                &b2.to_string(),
+                "--decode",
+                &d1.url(),
+                "--decode",
+                &d2.url(),
+                "--prefill-policy",
+                "cache_aware",
+                "--decode-policy",
+                "round_robin",
+                "--cores",
+                "1",
+            ],
+        );
+        gw.ready_workers(4);
+        // One conversation, turn after turn: its prefix stays on one prefill worker, while
+        // the decodes take turns.
+        let mut history = String::from("You are a careful assistant who answers in full sentences.");
+        for turn in 0..6 {
+            history.push_str(&format!(" Question {turn}: what comes next?"));
+            let body =
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{history}"}}],"max_tokens":2}}"#);
+            let r = post(gw.port, "/v1/chat/completions", &body, &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        let served = (stat(&p1, "handoffs_served"), stat(&p2, "handoffs_served"));
+        assert!(served == (6, 0) || served == (0, 6), "one prefill keeps the conversation: {served:?}");
+        assert_eq!((stat(&d1, "handoffs_waited"), stat(&d2, "handoffs_waited")), (3, 3), "the decodes alternate");
+        drop(gw);
+
+        // --dp-aware: each role's ranks are routed entries of their own, each leg told its rank.
+        let (p, b) = prefill(&["--dp-size", "2"]);
+        let d = decode(patience(Duration::from_secs(5)), &["--dp-size", "2"]);
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                &p.url(),
+                &b.to_string(),
+                "--decode",
+                &d.url(),
+                "--dp-aware",
+                "--policy",
+                "round_robin",
+                "--cores",
+                "1",
+            ],
+        );
+        gw.ready_workers(4);
+        for _ in 0..4 {
+            let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        let ranks = |s: &Sim| -> Vec<u64> {
+            s.stats()["dp_rank_requests"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect()
+        };
+        assert_eq!((ranks(&p), ranks(&d)), (vec![2, 2], vec![2, 2]));
+    });
+}
+
+#[test]
+fn a_prefill_and_a_decode_killed_mid_load_lose_no_request() {
+    both_drivers(|legacy| {
+        let (p1, b1) = prefill(&["--ttft-ms", "20"]);
+        let (p2, b2) = prefill(&["--ttft-ms", "20"]);
+        let handoff = patience(Duration::from_secs(10));
+        let (d1, d2) = (decode(handoff, &["--itl-ms", "5"]), decode(handoff, &["--itl-ms", "5"]));
+        let gw = Gateway::start(
+            legacy,
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                &p1.url(),
+                &b1.to_string(),
+                "--prefill",
+                &p2.url(),
+                &b2.to_string(),
+                "--decode",
+                &d1.url(),
+                "--decode",
+                &d2.url(),
+                "--policy",
+                "round_robin",
+                "--retry-initial-backoff-ms",
+                "1",
+                "--cores",
+                "2",
+            ],
+        );
+        gw.ready_workers(4);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let port = gw.port;
+        let clients: Vec<_> = (0..8)
+            .map(|i| {
+                let done = done.clone();
+                std::thread::spawn(move || {
+                    let mut outcomes = Vec::new();
+                    for n in 0..12 {
+                        let stream = if (i + n) % 2 == 0 { r#","stream":true"# } else { "" };
+                        let r = post(port, "/v1/chat/completions", &chat(stream), &[]);
+                        outcomes.push((r.status, r.text()));
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        let at = |n: usize| {
+            support::wait_until(patience(Duration::from_secs(20)), || {
+                done.load(std::sync::atomic::Ordering::Relaxed) >= n
+            })
+        };
+        assert!(at(16));
+        p1.die();
+        assert!(at(40));
+        d1.die();
+        let outcomes: Vec<(u16, String)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+        assert_eq!(outcomes.len(), 96, "every request answered");
+        for (status, text) in &outcomes {
+            match status {
+                // A whole answer: a JSON completion, or a stream that ended with [DONE]; a
+                // stream the dying decode was sending may be cut, never silently.
+                200 => assert!(
+                    text.contains("\"choices\"") || text.contains("data: [DONE]") || text.contains("\"error\""),
+                    "{text}"
+                ),
+                _ => assert!(text.contains("\"code\""), "a clear error: {status} {text}"),
+            }
+        }
+        let ok = outcomes.iter().filter(|(s, _)| *s == 200).count();
+        // Right: all 96 (a failed leg is retried elsewhere; a cut stream still said 200). Wrong
+        // (no failover): about half of the ~56 after the kills fail, some 68 left. Halfway: 82.
+        assert!(ok >= 82, "retries carried the requests the dead workers failed: {ok}/96 answered 200");
+        // The survivors serve on.
+        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
     });
 }

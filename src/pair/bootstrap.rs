@@ -64,6 +64,17 @@ pub fn splice(
     Ok(())
 }
 
+/// A data-parallel prefill's rank, told to the decode (SGLang's `disagg_prefill_dp_rank`:
+/// which of the prefill's ranks holds the KV), spliced in after the body's opening brace
+/// (the body is an object: [`splice`] made it).
+pub fn tell_prefill_rank(body: &mut Vec<u8>, rank: u32) {
+    let Some(open) = body.iter().position(|&b| b == b'{') else { return };
+    let mut field = b"\"disagg_prefill_dp_rank\":".to_vec();
+    put_dec(&mut field, u64::from(rank));
+    field.push(b',');
+    body.splice(open + 1..open + 1, field);
+}
+
 /// Items in a batched request, None for a single one.
 fn batch_size(doc: &Doc<'_>, route: PairRoute) -> Option<usize> {
     let array_of = |key: &str, item: Kind| -> Option<usize> {
@@ -156,6 +167,13 @@ mod tests {
             String::from_utf8(out).unwrap(),
             r#"{"bootstrap_room":9223372036854775807,"text":"x","bootstrap_host":"h","bootstrap_port":null}"#
         );
+    }
+
+    #[test]
+    fn the_decode_is_told_the_prefills_rank() {
+        let mut body = spliced(r#"{"text":"x"}"#, PairRoute::Generate, None).into_bytes();
+        tell_prefill_rank(&mut body, 3);
+        assert!(String::from_utf8(body).unwrap().starts_with(r#"{"disagg_prefill_dp_rank":3,"text":"x","#));
     }
 
     #[test]

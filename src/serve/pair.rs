@@ -86,6 +86,9 @@ pub async fn attempt(
     let mut d_body = Vec::with_capacity(sent.len() + 128);
     bootstrap::splice(sent, route, to, || shard.next_random(), &mut d_body).map_err(unsplicable)?;
     let p_body = d_body.clone();
+    if let Some(rank) = prefill.meta.dp_rank {
+        bootstrap::tell_prefill_rank(&mut d_body, rank);
+    }
     let span = ctx.span.as_ref().map(|(ids, _)| *ids);
     let ((conn, h), answered) = {
         let mut p_leg = pin!(prefill_leg(shard, client, head, span, prefill, p_body, fresh, None));
