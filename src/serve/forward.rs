@@ -78,12 +78,14 @@ pub(super) async fn forward(
         let attempt = async {
             match on_grpc.as_mut() {
                 Some(g) if is_grpc => grpc::attempt(shard, client, ctx, &picked, g).await.map(Answer::Grpc),
-                _ if pair => pair::attempt(shard, client, head, ctx, spec, &picked, body, fresh, &mut watch).await.map(
-                    |(answered, items)| match items {
+                // Boxed: a pair's legs make a large future, which a request to one worker
+                // would otherwise carry (and copy) in its own.
+                _ if pair => Box::pin(pair::attempt(shard, client, head, ctx, spec, &picked, body, fresh, &mut watch))
+                    .await
+                    .map(|(answered, items)| match items {
                         Some(merge) => Answer::Merged(answered, merge),
                         None => Answer::Http(answered),
-                    },
-                ),
+                    }),
                 _ => http.attempt(shard, client, head, ctx, &picked, body, fresh, &mut watch).await.map(Answer::Http),
             }
         };
@@ -142,7 +144,7 @@ pub(super) async fn forward(
                 }
             }
             Ok(Answer::Merged(answered, merge)) => {
-                match merged::relay(shard, client, head, ctx, &picked, answered, &merge).await {
+                match Box::pin(merged::relay(shard, client, head, ctx, &picked, answered, &merge)).await {
                     Ok(o) => return o,
                     Err(e) => Some(e),
                 }

@@ -233,7 +233,9 @@ pub async fn attempt(
         Route::Generate { prepared, .. } => {
             let (_, prep) = prepared.as_ref().expect("prepared");
             if let Some(prefill) = picked.prefill() {
-                let (target, started) = pair::attempt(shard, client, prefill, target, prep, &id, limits).await?;
+                // Boxed, as forward.rs boxes the HTTP pair's: a one-worker request does not carry it.
+                let (target, started) =
+                    Box::pin(pair::attempt(shard, client, prefill, target, prep, &id, limits)).await?;
                 return Ok(Begun(Began::Generating { target, started, id }));
             }
             match start(&mut target, client, prep, &id, limits, None).await {
