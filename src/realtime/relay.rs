@@ -21,7 +21,10 @@
 //!   load and descriptors (nginx's proxy_read_timeout does the same, at 60 s).
 //!
 //! Writes are never cancelled (a cancelled write could leave half a frame on the wire);
-//! only a pump's wait for its next read is, when the other pump ended.
+//! only a pump's wait for its next read is, when its direction ends: at a frame boundary
+//! once the other pump ended, or when the rest of a frame did not come in time. A read
+//! dropped mid-frame could take bytes of that frame with it (io_uring), so a pump stopped
+//! mid-frame goes on awaiting the read it has under way.
 
 use std::cell::Cell;
 use std::future::poll_fn;
@@ -166,35 +169,42 @@ async fn pump(from: &mut ReadHalf<'_>, to: &mut WriteHalf<'_>, d: &mut Direction
                 return e;
             }
         }
-        if let Some(by) = finish_by {
-            if d.scan.at_boundary() {
-                return End::Stopped;
-            }
-            let left = by.saturating_duration_since(crate::clock::now());
-            match monoio::time::timeout(left, next_read(from, std::mem::take(&mut d.buf))).await {
-                Ok((Ok(n), buf)) if n > 0 => d.buf = buf,
-                Ok(_) => return End::Gone,
-                Err(_) => return End::Stopped,
-            }
-            continue;
+        if finish_by.is_some() && d.scan.at_boundary() {
+            return End::Stopped;
         }
-        monoio::select! {
-            (res, buf) = next_read(from, std::mem::take(&mut d.buf)) => {
-                d.buf = buf;
-                match res {
-                    Ok(n) if n > 0 => heard.0.set(crate::clock::now()),
-                    _ => return End::Gone,
+        let mut read = std::pin::pin!(next_read(from, std::mem::take(&mut d.buf)));
+        let by = match finish_by {
+            Some(by) => by,
+            None => {
+                monoio::select! {
+                    (res, buf) = &mut read => {
+                        d.buf = buf;
+                        match res {
+                            Ok(n) if n > 0 => heard.0.set(crate::clock::now()),
+                            _ => return End::Gone,
+                        }
+                        continue;
+                    }
+                    _ = stop.wait() => {}
                 }
-            }
-            _ = stop.wait() => {
+                // At a boundary the read may go: what it took lies past the last frame
+                // passed, and nothing past that goes on.
                 if d.scan.at_boundary() {
                     return End::Stopped;
                 }
-                // Mid-payload, so nothing was held back: only the buffer went with the
-                // cancelled read (the next read allocates one when bytes come).
-                d.buf = Vec::new();
-                finish_by = Some(crate::clock::now() + FINISH_FRAME);
+                *finish_by.insert(crate::clock::now() + FINISH_FRAME)
             }
+        };
+        // Mid-frame, the read under way is awaited, never dropped for a fresh one: under
+        // io_uring it may already have taken bytes from the socket (the kernel completes it
+        // before the reactor reaps it), and dropped it would lose them. The frame would come
+        // out short, its end would wait for bytes that never come, and the close frame that
+        // was to follow it would never be sent.
+        let left = by.saturating_duration_since(crate::clock::now());
+        match monoio::time::timeout(left, read).await {
+            Ok((Ok(n), buf)) if n > 0 => d.buf = buf,
+            Ok(_) => return End::Gone,
+            Err(_) => return End::Stopped,
         }
     }
 }
@@ -320,6 +330,78 @@ mod tests {
         assert_eq!(idle_left(t0, limit, t0 + Duration::from_secs(59)), Some(Duration::from_secs(1)));
         assert_eq!(idle_left(t0, limit, t0 + limit), None);
         assert_eq!(idle_left(t0 + Duration::from_secs(30), limit, t0 + limit), Some(Duration::from_secs(30)));
+    }
+
+    /// A socket of the gateway's (monoio) and its peer (std, so a test writes into the kernel
+    /// at once, between two polls of the relay).
+    async fn socket_pair() -> (monoio::net::TcpStream, std::net::TcpStream) {
+        let listener = crate::io::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().await.unwrap();
+        (ours, peer)
+    }
+
+    /// Reads from `s` (non-blocking) until it holds `want` bytes.
+    async fn read_until(s: &mut std::net::TcpStream, got: &mut Vec<u8>, want: usize) {
+        use std::io::Read;
+        let mut tmp = [0u8; 8192];
+        while got.len() < want {
+            match s.read(&mut tmp) {
+                Ok(0) => panic!("closed"),
+                Ok(n) => got.extend_from_slice(&tmp[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => sleep(Duration::from_millis(1)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// One direction told to stop while its read waits for the rest of a frame. Returns how
+    /// the pump ended, whether it ended on a frame boundary, the frame and what was forwarded.
+    async fn stop_mid_frame() -> (End, bool, Vec<u8>, Vec<u8>) {
+        use std::io::Write;
+        let (mut from, mut from_peer) = socket_pair().await;
+        let (mut to, mut to_peer) = socket_pair().await;
+        to_peer.set_nonblocking(true).unwrap();
+        let mut frame = Vec::new();
+        ws::put_head(&mut frame, true, ws::OP_BINARY, 4000, None);
+        let first = frame.len() + 1000;
+        frame.extend((0..4000u32).map(|i| (i % 251) as u8));
+        from_peer.write_all(&frame[..first]).unwrap();
+        let mut d = Direction::new(1 << 20, &[]);
+        let (stop, heard) = (Stop::default(), Heard(Cell::new(crate::clock::now())));
+        let mut got = Vec::new();
+        let (mut from_read, _) = crate::io::split(&mut from);
+        let (_, mut to_write) = crate::io::split(&mut to);
+        let (end, ()) = monoio::join!(pump(&mut from_read, &mut to_write, &mut d, &stop, &heard), async {
+            read_until(&mut to_peer, &mut got, first).await;
+            // The pump's next read goes to the kernel at the reactor's next turn.
+            sleep(Duration::from_millis(20)).await;
+            // The rest of the frame lands (under io_uring the waiting read completes with it in
+            // the kernel, unseen by the reactor until its next turn), and in this same poll the
+            // pump is told to stop: a pump that dropped that read would lose those bytes.
+            from_peer.write_all(&frame[first..]).unwrap();
+            stop.fire_at(crate::clock::now());
+        });
+        let rest = frame.len().min(usize::try_from(d.bytes).unwrap_or(usize::MAX));
+        read_until(&mut to_peer, &mut got, rest).await;
+        (end, d.scan.at_boundary(), frame, got)
+    }
+
+    #[test]
+    fn a_stop_mid_frame_passes_the_whole_frame_under_both_drivers() {
+        let uring = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build();
+        match uring {
+            Ok(mut rt) => {
+                let (end, boundary, frame, got) = rt.block_on(stop_mid_frame());
+                assert_eq!((end, boundary, got.len()), (End::Stopped, true, frame.len()), "io_uring");
+                assert!(got == frame, "io_uring: the frame went through intact");
+            }
+            Err(e) => eprintln!("no io_uring here ({e}): the epoll driver alone is tested"),
+        }
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap();
+        let (end, boundary, frame, got) = rt.block_on(stop_mid_frame());
+        assert_eq!((end, boundary, got.len()), (End::Stopped, true, frame.len()), "epoll");
+        assert!(got == frame, "epoll: the frame went through intact");
     }
 
     #[test]
