@@ -66,9 +66,21 @@ fn sglang_pairs_answer_from_the_decode() {
     both_drivers(|legacy| {
         let (p, bport) = prefill(&[]);
         let d = decode(patience(Duration::from_secs(5)), &[]);
+        let gw_metrics = free_port();
         let gw = Gateway::start(
             legacy,
-            &["--pd-disaggregation", "--prefill", &p.url(), &bport.to_string(), "--decode", &d.url(), "--cores", "2"],
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                &p.url(),
+                &bport.to_string(),
+                "--decode",
+                &d.url(),
+                "--cores",
+                "2",
+                "--prometheus-port",
+                &gw_metrics.to_string(),
+            ],
         );
         gw.ready_workers(2);
 
@@ -124,6 +136,14 @@ fn sglang_pairs_answer_from_the_decode() {
         assert_eq!(roles, [("prefill".to_owned(), Some(u64::from(bport))), ("decode".to_owned(), None)]);
         assert_eq!(w["stats"]["prefill_count"].as_u64(), Some(1));
         assert_eq!(w["stats"]["decode_count"].as_u64(), Some(1));
+        let metrics_port = gw_metrics;
+        for role in ["prefill", "decode"] {
+            let series = format!(r#"smg_worker_pool_size{{worker_type="{role}",connection_mode="http",model="m"}}"#);
+            let shown = support::wait_until(patience(Duration::from_secs(5)), || {
+                support::metric(metrics_port, &series) == Some(1.0)
+            });
+            assert!(shown, "{series}: {:?}", support::metric(metrics_port, &series));
+        }
         let models = get(gw.port, "/v1/models").json();
         assert_eq!(models["data"][0]["id"].as_str(), Some("m"));
 

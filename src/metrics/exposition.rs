@@ -251,16 +251,18 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         "gauge",
         "Current worker pool size by worker_type, connection_mode, model",
     );
-    let mut pools: Vec<(&str, usize)> = Vec::new();
+    // Pools by role and protocol too: a prefill/decode fleet shows each role's size.
+    let mut pools: Vec<((&str, &str, &str), usize)> = Vec::new();
     for w in &g.snapshot.workers {
-        let m = w.model.as_deref().unwrap_or("unknown");
-        match pools.iter_mut().find(|(pm, _)| *pm == m) {
+        let mode = if w.url.grpc { "grpc" } else { "http" };
+        let key = (w.meta.role.as_str(), mode, w.model.as_deref().unwrap_or("unknown"));
+        match pools.iter_mut().find(|(k, _)| *k == key) {
             Some((_, n)) => *n += 1,
-            None => pools.push((m, 1)),
+            None => pools.push((key, 1)),
         }
     }
-    for (m, n) in pools {
-        let l = labels(&[("worker_type", "regular"), ("connection_mode", "http"), ("model", m)]);
+    for ((role, mode, m), n) in pools {
+        let l = labels(&[("worker_type", role), ("connection_mode", mode), ("model", m)]);
         let _ = writeln!(out, "smg_worker_pool_size{l} {n}");
     }
     family(&mut out, "smg_worker_requests_active", "gauge", "Currently running requests per worker");

@@ -77,6 +77,15 @@ impl Role {
         }
     }
 
+    /// SMG's name for it (`worker_type`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Regular => "regular",
+            Role::Prefill { .. } => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+
     pub fn is_prefill(self) -> bool {
         matches!(self, Role::Prefill { .. })
     }
