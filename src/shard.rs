@@ -361,8 +361,7 @@ impl Shard {
         positions: &[usize],
         now: Instant,
     ) -> Result<usize, RouteError> {
-        let cands = self.candidates(snap, positions);
-        self.router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
+        self.pick_by(&self.router, input, snap, positions, now)
     }
 
     /// Picks one of the prefill workers at `positions`, by the prefill policy's state.
@@ -373,8 +372,19 @@ impl Shard {
         positions: &[usize],
         now: Instant,
     ) -> Result<usize, RouteError> {
+        self.pick_by(&self.prefill_router, input, snap, positions, now)
+    }
+
+    fn pick_by(
+        &self,
+        router: &RefCell<ShardRouter>,
+        input: &RouteInput<'_>,
+        snap: &Snapshot,
+        positions: &[usize],
+        now: Instant,
+    ) -> Result<usize, RouteError> {
         let cands = self.candidates(snap, positions);
-        self.prefill_router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
+        router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
     }
 
     fn candidates<'s>(&self, snap: &'s Snapshot, positions: &[usize]) -> Vec<Candidate<'s>> {

@@ -4,111 +4,16 @@
 //! engine errors as gRPC statuses, GetTokenizer's archive, and HTTP/1.1 stats on the same port.
 
 mod common;
+mod grpc_client;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
 use common::*;
-use monoio::io::IntoPollIo;
-use prost::Message;
+use grpc_client::*;
 use smg_loadtest::sim::grpc::{generate, tokenizer};
 use smg_proto::paths::sglang_scheduler as path;
-use smg_proto::scheduler::{self as pb, generate_complete::MatchedStop, generate_response::Response as GenResp};
+use smg_proto::scheduler::{self as pb, generate_complete::MatchedStop};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
-
-type Client = h2::client::SendRequest<Bytes>;
-
-/// The test's own runtime (epoll: the client side does not need io_uring).
-fn block_on<F: Future>(f: F) -> F::Output {
-    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime").block_on(f)
-}
-
-async fn connect(port: u16) -> Client {
-    let tcp = monoio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    let (client, conn) = h2::client::handshake(tcp.into_poll_io().expect("poll io")).await.expect("h2 handshake");
-    monoio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-/// A call's messages and final status (code, message).
-struct Reply {
-    messages: Vec<Bytes>,
-    code: u32,
-    message: String,
-}
-
-fn frame<M: Message>(m: &M) -> Bytes {
-    let mut b = BytesMut::new();
-    b.extend_from_slice(&[0]);
-    b.extend_from_slice(&(m.encoded_len() as u32).to_be_bytes());
-    m.encode(&mut b).unwrap();
-    b.freeze()
-}
-
-fn status_of(h: &http::HeaderMap) -> Option<(u32, String)> {
-    let code = h.get("grpc-status")?.to_str().ok()?.parse().ok()?;
-    let msg = h.get("grpc-message").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    Some((code, msg))
-}
-
-/// Starts a call; the response body is read by `finish`.
-async fn start<M: Message>(client: &mut Client, method: &str, req: &M) -> h2::client::ResponseFuture {
-    let request = http::Request::post(format!("http://127.0.0.1{method}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let mut c = client.clone().ready().await.expect("h2 ready");
-    let (resp, mut send) = c.send_request(request, false).expect("send request");
-    send.send_data(frame(req), true).expect("send body");
-    *client = c;
-    resp
-}
-
-async fn finish(resp: h2::client::ResponseFuture) -> Reply {
-    finish_counting(resp, Default::default()).await
-}
-
-/// [`finish`], adding the body bytes to `got` as they come.
-async fn finish_counting(resp: h2::client::ResponseFuture, got: std::rc::Rc<std::cell::Cell<usize>>) -> Reply {
-    let resp = resp.await.expect("response head");
-    assert_eq!(resp.status(), 200);
-    if let Some((code, message)) = status_of(resp.headers()) {
-        return Reply { messages: Vec::new(), code, message };
-    }
-    let mut body = resp.into_body();
-    let mut buf = BytesMut::new();
-    while let Some(d) = body.data().await {
-        let d = d.expect("body");
-        got.set(got.get() + d.len());
-        let _ = body.flow_control().release_capacity(d.len());
-        buf.extend_from_slice(&d);
-    }
-    let (code, message) =
-        body.trailers().await.ok().flatten().as_ref().and_then(status_of).expect("grpc-status trailer");
-    let mut messages = Vec::new();
-    let mut buf = buf.freeze();
-    while buf.len() >= 5 {
-        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-        buf.advance(5);
-        messages.push(buf.split_to(len));
-    }
-    assert!(buf.is_empty(), "trailing bytes in the body");
-    Reply { messages, code, message }
-}
-
-async fn call<M: Message>(client: &mut Client, method: &str, req: &M) -> Reply {
-    let resp = start(client, method, req).await;
-    finish(resp).await
-}
-
-fn decode<M: Message + Default>(r: &Reply) -> Vec<M> {
-    assert_eq!(r.code, 0, "status {} {}", r.code, r.message);
-    r.messages.iter().map(|m| M::decode(m.clone()).expect("decode")).collect()
-}
 
 fn gen_request(id: &str, stream: bool, sp: pb::SamplingParams) -> pb::GenerateRequest {
     pb::GenerateRequest {
@@ -118,18 +23,6 @@ fn gen_request(id: &str, stream: bool, sp: pb::SamplingParams) -> pb::GenerateRe
         stream,
         ..Default::default()
     }
-}
-
-/// (chunks by index, completes by index).
-fn split(msgs: Vec<pb::GenerateResponse>) -> (Vec<pb::GenerateStreamChunk>, Vec<pb::GenerateComplete>) {
-    let (mut chunks, mut completes) = (Vec::new(), Vec::new());
-    for m in msgs {
-        match m.response.expect("response") {
-            GenResp::Chunk(c) => chunks.push(c),
-            GenResp::Complete(c) => completes.push(c),
-        }
-    }
-    (chunks, completes)
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! A tonic-free gRPC client for tests that call `smg-sim --grpc`: an h2 connection on the
-//! test's own monoio runtime and smg-proto's messages (the same way sim_grpc.rs calls it).
+//! test's own monoio runtime and smg-proto's messages.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -69,8 +69,8 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// One call of `method` with `req`, read to its end.
-pub async fn call<M: Message>(client: &mut Client, method: &str, req: &M) -> Reply {
+/// Starts a call; its answer is read by [`finish`].
+pub async fn start<M: Message>(client: &mut Client, method: &str, req: &M) -> h2::client::ResponseFuture {
     let request = http::Request::post(format!("http://127.0.0.1{method}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
@@ -80,6 +80,15 @@ pub async fn call<M: Message>(client: &mut Client, method: &str, req: &M) -> Rep
     let (resp, mut send) = c.send_request(request, false).expect("send request");
     send.send_data(frame(req), true).expect("send body");
     *client = c;
+    resp
+}
+
+pub async fn finish(resp: h2::client::ResponseFuture) -> Reply {
+    finish_counting(resp, Default::default()).await
+}
+
+/// [`finish`], adding the body bytes to `got` as they come.
+pub async fn finish_counting(resp: h2::client::ResponseFuture, got: std::rc::Rc<std::cell::Cell<usize>>) -> Reply {
     let resp = resp.await.expect("response head");
     assert_eq!(resp.status(), 200);
     if let Some((code, message)) = status_of(resp.headers()) {
@@ -89,6 +98,7 @@ pub async fn call<M: Message>(client: &mut Client, method: &str, req: &M) -> Rep
     let mut buf = BytesMut::new();
     while let Some(d) = body.data().await {
         let d = d.expect("body");
+        got.set(got.get() + d.len());
         let _ = body.flow_control().release_capacity(d.len());
         buf.extend_from_slice(&d);
     }
@@ -103,6 +113,12 @@ pub async fn call<M: Message>(client: &mut Client, method: &str, req: &M) -> Rep
     }
     assert!(buf.is_empty(), "trailing bytes in the body");
     Reply { messages, code, message, trailers_only: false }
+}
+
+/// One call of `method` with `req`, read to its end.
+pub async fn call<M: Message>(client: &mut Client, method: &str, req: &M) -> Reply {
+    let resp = start(client, method, req).await;
+    finish(resp).await
 }
 
 /// The messages of a call that ended OK.
