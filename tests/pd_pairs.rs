@@ -48,6 +48,26 @@ fn defaults<'a>(defaults: &[(&'a str, &'a str)], flags: &[&str]) -> Vec<&'a str>
     defaults.iter().filter(|(f, _)| !flags.contains(f)).flat_map(|&(f, v)| [f, v]).collect()
 }
 
+/// A gateway in PD mode in front of `prefills` (URL, bootstrap port) and `decodes`, with
+/// `extra` flags; returns once every worker is routable.
+fn pd_gateway(legacy: bool, prefills: &[(String, Option<u16>)], decodes: &[String], extra: &[&str]) -> Gateway {
+    let ports: Vec<String> = prefills.iter().map(|(_, p)| p.map(|p| p.to_string()).unwrap_or_default()).collect();
+    let mut args = vec!["--pd-disaggregation"];
+    for ((url, _), port) in prefills.iter().zip(&ports) {
+        args.extend(["--prefill", url.as_str()]);
+        if !port.is_empty() {
+            args.push(port);
+        }
+    }
+    for url in decodes {
+        args.extend(["--decode", url.as_str()]);
+    }
+    args.extend_from_slice(extra);
+    let gw = Gateway::start(legacy, &args);
+    gw.ready_workers(prefills.len() + decodes.len());
+    gw
+}
+
 fn chat(extra: &str) -> String {
     format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hello there"}}],"max_tokens":4{extra}}}"#)
 }
@@ -67,22 +87,12 @@ fn sglang_pairs_answer_from_the_decode() {
         let (p, bport) = prefill(&[]);
         let d = decode(patience(Duration::from_secs(5)), &[]);
         let gw_metrics = free_port();
-        let gw = Gateway::start(
+        let gw = pd_gateway(
             legacy,
-            &[
-                "--pd-disaggregation",
-                "--prefill",
-                &p.url(),
-                &bport.to_string(),
-                "--decode",
-                &d.url(),
-                "--cores",
-                "2",
-                "--prometheus-port",
-                &gw_metrics.to_string(),
-            ],
+            &[(p.url(), Some(bport))],
+            &[d.url()],
+            &["--cores", "2", "--prometheus-port", &gw_metrics.to_string()],
         );
-        gw.ready_workers(2);
 
         let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
         assert_eq!(r.status, 200, "{}", r.text());
@@ -189,11 +199,7 @@ fn vllm_pairs_relay_the_prefills_transfer_params() {
     both_drivers(|legacy| {
         let (p, _) = prefill(&["--runtime", "vllm"]);
         let d = decode(patience(Duration::from_secs(5)), &["--runtime", "vllm"]);
-        let gw = Gateway::start(
-            legacy,
-            &["--pd-disaggregation", "--prefill", &p.url(), "--decode", &d.url(), "--cores", "2"],
-        );
-        gw.ready_workers(2);
+        let gw = pd_gateway(legacy, &[(p.url(), None)], &[d.url()], &["--cores", "2"]);
         let r = post(gw.port, "/v1/chat/completions", &chat(r#","max_completion_tokens":4"#), &[]);
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(
@@ -222,11 +228,7 @@ fn a_failed_prefill_keeps_its_status_and_an_unreachable_one_fails_fast() {
         let (p, bport) = prefill(&["--fail-rate", "1", "--fail-status", "400"]);
         let handoff = patience(Duration::from_secs(20));
         let d = decode(handoff, &[]);
-        let gw = Gateway::start(
-            legacy,
-            &["--pd-disaggregation", "--prefill", &p.url(), &bport.to_string(), "--decode", &d.url(), "--cores", "1"],
-        );
-        gw.ready_workers(2);
+        let gw = pd_gateway(legacy, &[(p.url(), Some(bport))], &[d.url()], &["--cores", "1"]);
         let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
         assert_eq!(r.status, 400, "{}", r.text());
         let e = r.json();
@@ -239,27 +241,12 @@ fn a_failed_prefill_keeps_its_status_and_an_unreachable_one_fails_fast() {
         // dead one (the decode's handoff timeout is the cost of getting this wrong).
         let (alive, alive_port) = prefill(&[]);
         let (dead, dead_port) = prefill(&[]);
-        let gw = Gateway::start(
+        let gw = pd_gateway(
             legacy,
-            &[
-                "--pd-disaggregation",
-                "--prefill",
-                &dead.url(),
-                &dead_port.to_string(),
-                "--prefill",
-                &alive.url(),
-                &alive_port.to_string(),
-                "--decode",
-                &d.url(),
-                "--prefill-policy",
-                "round_robin",
-                "--retry-initial-backoff-ms",
-                "1",
-                "--cores",
-                "1",
-            ],
+            &[(dead.url(), Some(dead_port)), (alive.url(), Some(alive_port))],
+            &[d.url()],
+            &["--prefill-policy", "round_robin", "--retry-initial-backoff-ms", "1", "--cores", "1"],
         );
-        gw.ready_workers(3);
         dead.die();
         for _ in 0..4 {
             let t = Instant::now();
@@ -270,21 +257,8 @@ fn a_failed_prefill_keeps_its_status_and_an_unreachable_one_fails_fast() {
         // With retries off, the dead prefill's failure is the answer, at once.
         drop(gw);
         let (gone, gone_port) = prefill(&[]);
-        let gw = Gateway::start(
-            legacy,
-            &[
-                "--pd-disaggregation",
-                "--prefill",
-                &gone.url(),
-                &gone_port.to_string(),
-                "--decode",
-                &d.url(),
-                "--disable-retries",
-                "--cores",
-                "1",
-            ],
-        );
-        gw.ready_workers(2);
+        let gw =
+            pd_gateway(legacy, &[(gone.url(), Some(gone_port))], &[d.url()], &["--disable-retries", "--cores", "1"]);
         gone.die();
         let t = Instant::now();
         let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
@@ -302,11 +276,7 @@ fn grpc_pairs_tokenize_once_and_say_which_leg_failed() {
         let (p, bport) = prefill_of(MODEL, &["--grpc"]);
         let d = decode_of(MODEL, patience(Duration::from_secs(5)), &["--grpc"]);
         let (pu, du) = (p.grpc_url(), d.grpc_url());
-        let gw = Gateway::start(
-            legacy,
-            &["--pd-disaggregation", "--prefill", &pu, &bport.to_string(), "--decode", &du, "--cores", "2"],
-        );
-        gw.ready_workers(2);
+        let gw = pd_gateway(legacy, &[(pu.clone(), Some(bport))], std::slice::from_ref(&du), &["--cores", "2"]);
         let r = post(gw.port, "/v1/chat/completions", &body(""), &[]);
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.header("x-smg-routed-worker-id"), Some(du.as_str()), "names the decode");
@@ -330,21 +300,8 @@ fn grpc_pairs_tokenize_once_and_say_which_leg_failed() {
         assert_eq!(r.json()["error"]["code"].as_str(), Some("decode_worker_failed_to_start"), "{}", r.text());
         drop(gw);
         let d2 = decode_of(MODEL, patience(Duration::from_secs(20)), &["--grpc"]);
-        let gw = Gateway::start(
-            legacy,
-            &[
-                "--pd-disaggregation",
-                "--prefill",
-                &pu,
-                &bport.to_string(),
-                "--decode",
-                &d2.grpc_url(),
-                "--disable-retries",
-                "--cores",
-                "1",
-            ],
-        );
-        gw.ready_workers(2);
+        let gw =
+            pd_gateway(legacy, &[(pu.clone(), Some(bport))], &[d2.grpc_url()], &["--disable-retries", "--cores", "1"]);
         p.die();
         let t = Instant::now();
         let r = post(gw.port, "/v1/chat/completions", &body(""), &[]);
@@ -360,29 +317,12 @@ fn each_role_is_routed_by_its_own_policy() {
         let (p1, b1) = prefill(&[]);
         let (p2, b2) = prefill(&[]);
         let (d1, d2) = (decode(patience(Duration::from_secs(5)), &[]), decode(patience(Duration::from_secs(5)), &[]));
-        let gw = Gateway::start(
+        let gw = pd_gateway(
             legacy,
-            &[
-                "--pd-disaggregation",
-                "--prefill",
-                &p1.url(),
-                &b1.to_string(),
-                "--prefill",
-                &p2.url(),
-                &b2.to_string(),
-                "--decode",
-                &d1.url(),
-                "--decode",
-                &d2.url(),
-                "--prefill-policy",
-                "cache_aware",
-                "--decode-policy",
-                "round_robin",
-                "--cores",
-                "1",
-            ],
+            &[(p1.url(), Some(b1)), (p2.url(), Some(b2))],
+            &[d1.url(), d2.url()],
+            &["--prefill-policy", "cache_aware", "--decode-policy", "round_robin", "--cores", "1"],
         );
-        gw.ready_workers(4);
         // One conversation, turn after turn: its prefix stays on one prefill worker, while
         // the decodes take turns.
         let mut history = String::from("You are a careful assistant who answers in full sentences.");
@@ -436,29 +376,12 @@ fn a_prefill_and_a_decode_killed_mid_load_lose_no_request() {
         let (p2, b2) = prefill(&["--ttft-ms", "20"]);
         let handoff = patience(Duration::from_secs(10));
         let (d1, d2) = (decode(handoff, &["--itl-ms", "5"]), decode(handoff, &["--itl-ms", "5"]));
-        let gw = Gateway::start(
+        let gw = pd_gateway(
             legacy,
-            &[
-                "--pd-disaggregation",
-                "--prefill",
-                &p1.url(),
-                &b1.to_string(),
-                "--prefill",
-                &p2.url(),
-                &b2.to_string(),
-                "--decode",
-                &d1.url(),
-                "--decode",
-                &d2.url(),
-                "--policy",
-                "round_robin",
-                "--retry-initial-backoff-ms",
-                "1",
-                "--cores",
-                "2",
-            ],
+            &[(p1.url(), Some(b1)), (p2.url(), Some(b2))],
+            &[d1.url(), d2.url()],
+            &["--policy", "round_robin", "--retry-initial-backoff-ms", "1", "--cores", "2"],
         );
-        gw.ready_workers(4);
         let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let port = gw.port;
         let clients: Vec<_> = (0..8)
