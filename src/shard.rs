@@ -10,7 +10,8 @@ use std::task::Waker;
 use std::time::Instant;
 
 use crate::access_log::{AccessLog, Entry};
-use crate::admission::permits::{PermitMsg, Permits};
+use crate::admission::pd::PdPools;
+use crate::admission::permits::{Permits, Pool as PermitPool, PoolMsg};
 use crate::admission::priority::config::SLOTS_PER_UNREPORTED_WORKER;
 use crate::admission::priority::{SchedMsg, Scheduler};
 use crate::budget::shard::ShardBudgets;
@@ -145,6 +146,8 @@ pub struct Shard {
     ticks: Cell<u64>,
     /// This shard's share of the admission permits (None without `--max-concurrent-requests`).
     permits: Option<Rc<RefCell<Permits>>>,
+    /// This shard's share of the prefill/decode pairs' per-worker pools.
+    pd_pools: PdPools,
     /// The priority scheduler (None without `--priority-scheduler-enabled`).
     scheduler: Option<Rc<RefCell<Scheduler>>>,
     /// None with `--prometheus-port 0`.
@@ -161,8 +164,8 @@ pub struct Shard {
 /// slot). One admission kind is on at a time: permits, or the scheduler that replaces them.
 pub struct Peers {
     pub inboxes: Vec<flume::Sender<ShardMsg>>,
-    /// (peer shard index, its permit channel)
-    pub permits: Vec<(usize, flume::Sender<PermitMsg>)>,
+    /// (peer shard index, its permit channel: the admission permits and the PD pools)
+    pub permits: Vec<(usize, flume::Sender<PoolMsg>)>,
     /// (peer shard index, its scheduler channel)
     pub sched: Vec<(usize, flume::Sender<SchedMsg>)>,
     /// The access log writer (None: access log off).
@@ -196,9 +199,13 @@ impl Shard {
                 let s = Scheduler::new(Rc::new(p.clone()), index, cfg.cores, peers.sched);
                 (None, Some(Rc::new(RefCell::new(s))))
             }
-            (Some(a), None) => (Some(Rc::new(RefCell::new(Permits::new(a, index, cfg.cores, peers.permits)))), None),
+            (Some(a), None) => {
+                let p = Permits::new(PermitPool::Admission, a, index, cfg.cores, peers.permits.clone());
+                (Some(Rc::new(RefCell::new(p))), None)
+            }
             (None, None) => (None, None),
         };
+        let pd_pools = PdPools::new(cfg.pd_admission, index, cfg.cores, peers.permits);
         Shard {
             index,
             pool: Pool::new(cfg.pool_idle_timeout),
@@ -223,6 +230,7 @@ impl Shard {
             pruned_for: Cell::new(0),
             ticks: Cell::new(0),
             permits,
+            pd_pools,
             scheduler,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
@@ -299,10 +307,20 @@ impl Shard {
         self.permits.as_ref()
     }
 
-    /// A peer's permit message.
-    pub fn on_permit_message(&self, msg: PermitMsg) {
-        if let Some(p) = &self.permits {
-            p.borrow_mut().on_message(msg);
+    /// The prefill/decode pairs' per-worker pools.
+    pub fn pd_pools(&self) -> &PdPools {
+        &self.pd_pools
+    }
+
+    /// A peer's permit message, for the admission permits or a PD pool.
+    pub fn on_permit_message(&self, m: PoolMsg) {
+        match m.pool {
+            PermitPool::Admission => {
+                if let Some(p) = &self.permits {
+                    p.borrow_mut().on_message(m.msg);
+                }
+            }
+            _ => self.pd_pools.on_message(m),
         }
     }
 

@@ -13,68 +13,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::pd::{chat, decode, decode_of, pd_gateway, prefill, prefill_of, stat};
 use support::sim::Sim;
 use support::{both_drivers, free_port, get, patience, post, Gateway};
-
-/// A prefill sim on its own bootstrap port, with `flags`.
-fn prefill(flags: &[&str]) -> (Sim, u16) {
-    prefill_of("m", flags)
-}
-
-fn prefill_of(model: &str, flags: &[&str]) -> (Sim, u16) {
-    let bport = free_port();
-    let b = bport.to_string();
-    let mut all = vec!["--pd-role", "prefill", "--bootstrap-port", &b];
-    all.extend(defaults(&[("--ttft-ms", "5"), ("--itl-ms", "1")], flags));
-    all.extend_from_slice(flags);
-    (Sim::start(model, &all), bport)
-}
-
-/// A decode sim that waits for its KV at most `handoff`.
-fn decode(handoff: Duration, flags: &[&str]) -> Sim {
-    decode_of("m", handoff, flags)
-}
-
-fn decode_of(model: &str, handoff: Duration, flags: &[&str]) -> Sim {
-    let ms = handoff.as_millis().to_string();
-    let mut all = vec!["--pd-role", "decode", "--handoff-timeout-ms", &ms];
-    all.extend(defaults(&[("--itl-ms", "1")], flags));
-    all.extend_from_slice(flags);
-    Sim::start(model, &all)
-}
-
-/// The timing flags of `defaults` that `flags` does not set.
-fn defaults<'a>(defaults: &[(&'a str, &'a str)], flags: &[&str]) -> Vec<&'a str> {
-    defaults.iter().filter(|(f, _)| !flags.contains(f)).flat_map(|&(f, v)| [f, v]).collect()
-}
-
-/// A gateway in PD mode in front of `prefills` (URL, bootstrap port) and `decodes`, with
-/// `extra` flags; returns once every worker is routable.
-fn pd_gateway(legacy: bool, prefills: &[(String, Option<u16>)], decodes: &[String], extra: &[&str]) -> Gateway {
-    let ports: Vec<String> = prefills.iter().map(|(_, p)| p.map(|p| p.to_string()).unwrap_or_default()).collect();
-    let mut args = vec!["--pd-disaggregation"];
-    for ((url, _), port) in prefills.iter().zip(&ports) {
-        args.extend(["--prefill", url.as_str()]);
-        if !port.is_empty() {
-            args.push(port);
-        }
-    }
-    for url in decodes {
-        args.extend(["--decode", url.as_str()]);
-    }
-    args.extend_from_slice(extra);
-    let gw = Gateway::start(legacy, &args);
-    gw.ready_workers(prefills.len() + decodes.len());
-    gw
-}
-
-fn chat(extra: &str) -> String {
-    format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hello there"}}],"max_tokens":4{extra}}}"#)
-}
-
-fn stat(s: &Sim, key: &str) -> u64 {
-    s.stats()[key].as_u64().unwrap_or(0)
-}
 
 /// SSE `data:` payloads of a streamed answer.
 fn events(text: &str) -> Vec<String> {

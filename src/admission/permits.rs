@@ -37,6 +37,30 @@ use std::rc::Rc;
 use std::task::Waker;
 use std::time::Duration;
 
+use crate::worker_id::WorkerId;
+
+/// Which pool a permit message is for. Every shard holds its share of each pool, and pools
+/// are alike: only their sizes differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pool {
+    /// `--max-concurrent-requests` and its queue.
+    Admission,
+    /// The places in the prefill admission queue (`--prefill-queue-size`), gateway-wide.
+    PrefillQueue,
+    /// A prefill worker's requests in flight (`--prefill-max-inflight-requests-per-worker`).
+    Prefill(WorkerId),
+    /// A decode worker's running window: `cap` is its `max_running_requests` (a new figure
+    /// makes a new pool; the old one drains).
+    Decode { worker: WorkerId, cap: u32 },
+}
+
+/// A permit message and the pool it moves in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolMsg {
+    pub pool: Pool,
+    pub msg: PermitMsg,
+}
+
 /// Shard → shard permit traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PermitMsg {
@@ -95,6 +119,7 @@ pub struct Ticket {
 }
 
 pub struct Permits {
+    pool: Pool,
     me: usize,
     free: usize,
     waiters: VecDeque<Rc<Waiter>>,
@@ -105,17 +130,24 @@ pub struct Permits {
     places: usize,
     /// Peers waiting for a permit from us, oldest first.
     debts: VecDeque<usize>,
-    peers: Vec<(usize, flume::Sender<PermitMsg>)>,
+    peers: Vec<(usize, flume::Sender<PoolMsg>)>,
     next_ticket: u64,
 }
 
 // === impl Permits ===
 
 impl Permits {
-    /// Shard `me` of `shards`, with its share of the permits and of the queue.
-    pub fn new(cfg: &AdmissionConfig, me: usize, shards: usize, peers: Vec<(usize, flume::Sender<PermitMsg>)>) -> Self {
+    /// Shard `me` of `shards`' part of `pool`, with its share of the permits and of the queue.
+    pub fn new(
+        pool: Pool,
+        cfg: &AdmissionConfig,
+        me: usize,
+        shards: usize,
+        peers: Vec<(usize, flume::Sender<PoolMsg>)>,
+    ) -> Self {
         let share = cfg.permits / shards + usize::from(me < cfg.permits % shards);
         Permits {
+            pool,
             me,
             free: share,
             waiters: VecDeque::new(),
@@ -164,7 +196,7 @@ impl Permits {
             } else {
                 PermitMsg::Want { from, ticket, queue }
             };
-            let _ = peer.send(msg);
+            let _ = peer.send(PoolMsg { pool: p.pool, msg });
         }
         drop(p);
         Admit::Queued(Ticket { waiter, permits: Rc::clone(this) })
@@ -230,7 +262,8 @@ impl Permits {
                         w.placed.set(true);
                         let (from, ticket) = (self.me, w.ticket);
                         for (_, peer) in &self.peers {
-                            let _ = peer.send(PermitMsg::Want { from, ticket, queue: true });
+                            let msg = PermitMsg::Want { from, ticket, queue: true };
+                            let _ = peer.send(PoolMsg { pool: self.pool, msg });
                         }
                     }
                     // Admitted, gone, or placed by another peer already: the place is ours.
@@ -284,7 +317,7 @@ impl Permits {
 
     fn send(&self, to: usize, msg: PermitMsg) {
         if let Some((_, tx)) = self.peers.iter().find(|(i, _)| *i == to) {
-            let _ = tx.send(msg);
+            let _ = tx.send(PoolMsg { pool: self.pool, msg });
         }
     }
 
@@ -319,6 +352,11 @@ impl Drop for Ticket {
 }
 
 impl Ticket {
+    /// A permit has reached the ticket already.
+    pub fn granted(&self) -> bool {
+        self.waiter.state.get() == Wait::Granted
+    }
+
     /// The permit the ticket was granted, now held by the request.
     pub fn into_held(self) {
         self.waiter.state.set(Wait::Left);
@@ -361,20 +399,20 @@ mod tests {
     }
 
     /// Two shards wired to each other; messages are delivered by `pump`.
-    fn pair(permits: usize, queue: usize) -> [(Rc<RefCell<Permits>>, flume::Receiver<PermitMsg>); 2] {
+    fn pair(permits: usize, queue: usize) -> [(Rc<RefCell<Permits>>, flume::Receiver<PoolMsg>); 2] {
         let (t0, r0) = flume::unbounded();
         let (t1, r1) = flume::unbounded();
-        let a = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 0, 2, vec![(1, t1)])));
-        let b = Rc::new(RefCell::new(Permits::new(&cfg(permits, queue), 1, 2, vec![(0, t0)])));
+        let a = Rc::new(RefCell::new(Permits::new(Pool::Admission, &cfg(permits, queue), 0, 2, vec![(1, t1)])));
+        let b = Rc::new(RefCell::new(Permits::new(Pool::Admission, &cfg(permits, queue), 1, 2, vec![(0, t0)])));
         [(a, r0), (b, r1)]
     }
 
-    fn pump(shards: &[(Rc<RefCell<Permits>>, flume::Receiver<PermitMsg>); 2]) {
+    fn pump(shards: &[(Rc<RefCell<Permits>>, flume::Receiver<PoolMsg>); 2]) {
         loop {
             let mut moved = false;
             for (p, rx) in shards {
                 while let Ok(m) = rx.try_recv() {
-                    p.borrow_mut().on_message(m);
+                    p.borrow_mut().on_message(m.msg);
                     moved = true;
                 }
             }
@@ -482,11 +520,11 @@ mod tests {
                     let mut rng = fastrand::Rng::with_seed(seed * 1000 + (permits * 10 + shards) as u64);
                     let queue = rng.usize(0..=4);
                     let c = cfg(permits, queue);
-                    let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded::<PermitMsg>()).unzip();
+                    let (txs, rxs): (Vec<_>, Vec<_>) = (0..shards).map(|_| flume::unbounded::<PoolMsg>()).unzip();
                     let s: Vec<Rc<RefCell<Permits>>> = (0..shards)
                         .map(|me| {
                             let peers = (0..shards).filter(|&i| i != me).map(|i| (i, txs[i].clone())).collect();
-                            Rc::new(RefCell::new(Permits::new(&c, me, shards, peers)))
+                            Rc::new(RefCell::new(Permits::new(Pool::Admission, &c, me, shards, peers)))
                         })
                         .collect();
                     let mut held: Vec<usize> = Vec::new();
@@ -509,7 +547,7 @@ mod tests {
                             _ => {
                                 let i = rng.usize(0..shards);
                                 if let Ok(m) = rxs[i].try_recv() {
-                                    s[i].borrow_mut().on_message(m);
+                                    s[i].borrow_mut().on_message(m.msg);
                                 }
                             }
                         }
@@ -536,7 +574,7 @@ mod tests {
                         let mut moved = false;
                         for (i, rx) in rxs.iter().enumerate() {
                             while let Ok(m) = rx.try_recv() {
-                                s[i].borrow_mut().on_message(m);
+                                s[i].borrow_mut().on_message(m.msg);
                                 moved = true;
                             }
                         }

@@ -46,6 +46,36 @@ impl ApiError {
         e
     }
 
+    /// A pair's decode worker had no free slot in its running window within
+    /// `--pd-admission-wait-secs`.
+    pub fn pd_decode_shed(decode: &str, retry_after_secs: u64) -> Self {
+        let message = format!("Decode worker {decode} had no free slot within --pd-admission-wait-secs");
+        let mut e = Self::new(503, "worker_overload_protection_shed", message);
+        e.retry_after = Some(retry_after_secs.min(u16::MAX as u64) as u16);
+        e
+    }
+
+    /// A pair's prefill worker is at `--prefill-max-inflight-requests-per-worker` and the
+    /// prefill queue has no place left (Retry-After as the admission queue's).
+    pub fn pd_prefill_queue_full() -> Self {
+        let e = Self::new(
+            429,
+            "pd_prefill_queue_full",
+            "Too many requests: the prefill worker is at --prefill-max-inflight-requests-per-worker and the prefill queue is full",
+        );
+        Self { retry_after: Some(2), ..e }
+    }
+
+    /// A pair waited in the prefill queue past `--prefill-queue-timeout-secs`.
+    pub fn pd_prefill_queue_timeout(waited: std::time::Duration) -> Self {
+        let e = Self::new(
+            429,
+            "pd_prefill_queue_timeout",
+            format!("Waited {}s in the prefill queue (--prefill-queue-timeout-secs)", waited.as_secs()),
+        );
+        Self { retry_after: Some(2), ..e }
+    }
+
     /// Decisions: no worker of the model can serve them (`decisions_not_supported`).
     pub fn decisions_not_supported(model: &str) -> Self {
         Self::new(

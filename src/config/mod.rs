@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::admission::auth::AuthConfig;
+use crate::admission::pd::PdAdmission;
 use crate::admission::priority::SchedulerConfig;
 use crate::admission::AdmissionConfig;
 use crate::budget::config::BudgetConfig;
@@ -331,6 +332,8 @@ pub struct Config {
     pub admission: Option<AdmissionConfig>,
     /// `--priority-scheduler-enabled`: replaces `admission`.
     pub priority: Option<SchedulerConfig>,
+    /// Admission per role of a prefill/decode pair.
+    pub pd_admission: PdAdmission,
     /// None: metrics off (`--prometheus-port 0`).
     pub metrics: Option<MetricsConfig>,
     pub log_dir: Option<std::path::PathBuf>,
@@ -553,6 +556,7 @@ impl LaunchArgs {
                 )?),
                 false => None,
             },
+            pd_admission: self.pd.admission()?,
             metrics: self.metrics_config()?,
             log_dir: self.log_dir.clone(),
             budgets: budgets.map(Arc::new),

@@ -3,6 +3,7 @@
 
 use clap::{ArgAction, Args};
 
+use crate::admission::pd::PdAdmission;
 use crate::routing::{AssignmentMode, PolicyKind, RoutingConfig};
 use crate::workers::fleet::WorkerSpec;
 use crate::workers::WorkerUrl;
@@ -27,11 +28,44 @@ pub struct PdArgs {
     /// The policy decode workers are picked by (default: --policy).
     #[arg(long)]
     pub decode_policy: Option<String>,
+    /// Seconds a pair's dispatch waits for a free slot in its decode engine's running window
+    /// (its max_running_requests) before shedding with 503 worker_overload_protection_shed;
+    /// 0 sheds at once. Engines that report no window are never gated.
+    #[arg(long, default_value_t = 30)]
+    pub pd_admission_wait_secs: u64,
+    /// Most prefill requests in flight on each prefill worker, gateway-wide; a non-positive
+    /// value disables the limit.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub prefill_max_inflight_requests_per_worker: i64,
+    /// Requests that may wait for prefill admission, gateway-wide (default 100 when prefill
+    /// admission is on; 0: none wait, 429 pd_prefill_queue_full at once).
+    #[arg(long)]
+    pub prefill_queue_size: Option<usize>,
+    /// Longest wait for prefill admission before 429 pd_prefill_queue_timeout (default 60).
+    #[arg(long)]
+    pub prefill_queue_timeout_secs: Option<u64>,
 }
 
 // === impl PdArgs ===
 
 impl PdArgs {
+    /// Admission per role (applied to pairs only).
+    pub fn admission(&self) -> Result<PdAdmission, String> {
+        let secs = crate::duration::secs;
+        let prefill_inflight = u32::try_from(self.prefill_max_inflight_requests_per_worker.max(0))
+            .map_err(|_| "--prefill-max-inflight-requests-per-worker: at most 4294967295".to_string())?;
+        Ok(PdAdmission {
+            decode_wait: secs("--pd-admission-wait-secs", self.pd_admission_wait_secs, 0)?,
+            prefill_inflight,
+            prefill_queue: self.prefill_queue_size.unwrap_or(100),
+            prefill_queue_timeout: secs(
+                "--prefill-queue-timeout-secs",
+                self.prefill_queue_timeout_secs.unwrap_or(60),
+                1,
+            )?,
+        })
+    }
+
     /// The prefill and decode workers, as registrations.
     pub fn workers(&self) -> Result<Vec<WorkerSpec>, String> {
         let mut out = Vec::with_capacity(self.prefill.len() + self.decode.len());

@@ -15,7 +15,7 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::admission::permits::PermitMsg;
+use crate::admission::permits::PoolMsg;
 use crate::admission::priority::SchedMsg;
 use crate::io::{self, TcpListener};
 use crate::shard::{Shard, ShardMsg};
@@ -137,24 +137,28 @@ async fn receive(shard: Rc<Shard>, inbox: flume::Receiver<ShardMsg>) {
     }
 }
 
-/// A shard's unbounded admission channels from its peers. One kind is on at a time (the
-/// scheduler replaces the permits), so only its channel is read; the other is never sent on.
+/// A shard's unbounded admission channels from its peers: permits (the admission permits,
+/// when the scheduler does not replace them, and the PD pools) and scheduler slots.
 pub struct AdmissionInbox {
-    pub permits: flume::Receiver<PermitMsg>,
+    pub permits: flume::Receiver<PoolMsg>,
     pub sched: flume::Receiver<SchedMsg>,
 }
 
-/// Permits (admission/permits.rs) or scheduler slots (admission/priority/) traded with peers.
+/// Permits (admission/permits.rs, admission/pd.rs) and scheduler slots (admission/priority/)
+/// traded with peers.
 async fn receive_admission(shard: Rc<Shard>, inbox: AdmissionInbox) {
-    if shard.permits().is_some() {
+    let permits = async {
         while let Ok(msg) = inbox.permits.recv_async().await {
             shard.on_permit_message(msg);
         }
-    } else {
+    };
+    let sched = async {
         while let Ok(msg) = inbox.sched.recv_async().await {
             shard.on_sched_message(msg);
         }
-    }
+    };
+    // Each ends only when its channel closes (every peer gone).
+    monoio::join!(permits, sched);
 }
 
 async fn tick(shard: Rc<Shard>) {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::admission::permits::PermitMsg;
+use crate::admission::permits::PoolMsg;
 use crate::admission::priority::SchedMsg;
 use crate::config::{Config, Host};
 use crate::shard::{Heartbeats, Peers, Shard, ShardMsg};
@@ -146,7 +146,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let cores = allowed_cores();
     let (ready_tx, ready_rx) = flume::unbounded::<Result<(usize, RawFd), String>>();
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::bounded::<ShardMsg>(64)).unzip();
-    let (permit_txs, permit_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<PermitMsg>()).unzip();
+    let (permit_txs, permit_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<PoolMsg>()).unzip();
     let (sched_txs, sched_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<SchedMsg>()).unzip();
     // From here on one thread writes the log. The access log is on at --log-level info and
     // up (SMG logs each request at info).

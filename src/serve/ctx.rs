@@ -109,6 +109,12 @@ pub struct RequestCtx {
     pub tenant: Option<Tenant>,
     /// The admission permit, held until `finish` drops the context.
     pub permit: Option<Permit>,
+    /// A pair's slot in its decode worker's running window (serve/pair_admit.rs), held
+    /// likewise; the next attempt's replaces it.
+    pub decode_slot: Option<Permit>,
+    /// A pair's place among its prefill worker's legs in flight, given back when the
+    /// prefill leg ends (or with the context).
+    pub prefill_slot: Option<Permit>,
     /// The tenant budget's reservation, settled by `finish` (dropped unsettled: the
     /// estimate stands).
     pub reservation: Option<Reservation>,
@@ -194,6 +200,8 @@ impl RequestCtx {
             route: None,
             tenant: None,
             permit: None,
+            decode_slot: None,
+            prefill_slot: None,
             reservation: None,
             max_output: None,
             choices: 1,

@@ -21,7 +21,7 @@ use super::ctx::RequestCtx;
 use super::error::{Failure, WorkerError};
 use super::finish::Outcome;
 use super::upstream::{relay_response, Answered, AttemptError, HttpRequest};
-use super::{decisions, grpc, merged, pair, pick};
+use super::{decisions, grpc, merged, pair, pair_admit, pick};
 use crate::api::{ApiError, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -69,6 +69,11 @@ pub(super) async fn forward(
             match grpc::GrpcRequest::new(spec, body.bytes(&client.buf), ctx.model.as_deref()) {
                 Ok(g) => on_grpc = Some(g),
                 Err(f) => return Outcome::Failed(f),
+            }
+        }
+        if pair {
+            if let Err(o) = pair_admit::admit(shard, client, ctx, &picked).await {
+                return o;
             }
         }
         ctx.attempts += 1;

@@ -39,7 +39,9 @@ mod inspect;
 mod isolate;
 mod merged;
 mod pair;
+mod pair_admit;
 mod pick;
+mod queue_wait;
 mod realtime;
 mod reserve;
 mod stream_body;
@@ -60,12 +62,13 @@ use crate::admission::Permit;
 use crate::api::{self, Action, ApiError, Route};
 use crate::http::body::{read_body, Body, BodyError, BodyLimits};
 use crate::http::head::{parse_request, ParseError, RequestHead};
-use crate::io::{nodelay, peer_closed, read_more_within, send_deadline, sleep, Timed};
+use crate::io::{nodelay, read_more_within, send_deadline, Timed};
 use crate::shard::{ConnectionSlot, Shard};
 use client::Client;
 use ctx::RequestCtx;
 use error::{ClientError, Failure, InternalError};
 use finish::{finish, Next, Outcome, READ_BUF};
+use queue_wait::queue_wait;
 use stream_body::BodyPath;
 
 /// Serves one client connection until it closes; a panic outside a request's phases ends
@@ -279,39 +282,6 @@ async fn admit_class(
     }
     ctx.slot = Some(ticket.into_slot());
     Ok(())
-}
-
-/// A queued request's wait (admission or scheduler): the grant, or None at `limit`; a
-/// client that hangs up meanwhile leaves the queue at once (its socket is watched until it
-/// shows pipelined bytes, after which watching says nothing more).
-async fn queue_wait<F: std::future::Future>(
-    client: &Client,
-    limit: std::time::Duration,
-    mut wait: impl FnMut() -> F,
-) -> Result<Option<F::Output>, Outcome> {
-    let queued = crate::clock::now();
-    let mut watch = true;
-    loop {
-        let waited = wait();
-        let expired = sleep(limit.saturating_sub(queued.elapsed()));
-        if watch {
-            monoio::select! {
-                granted = waited => return Ok(Some(granted)),
-                _ = expired => return Ok(None),
-                closed = peer_closed(&client.stream) => {
-                    if closed {
-                        return Err(Outcome::ClientGone);
-                    }
-                    watch = false;
-                }
-            }
-        } else {
-            monoio::select! {
-                granted = waited => return Ok(Some(granted)),
-                _ = expired => return Ok(None),
-            }
-        }
-    }
 }
 
 /// Phase: body.

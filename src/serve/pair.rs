@@ -73,6 +73,7 @@ pub async fn attempt(
         let (conn, h) = prefill_leg(shard, client, head, span, prefill, p_body, fresh, Some(watch)).await?;
         let (conn, h) = check_prefill(prefill, conn, h, shard).await?;
         let answer = prefill_answer(shard, ctx, prefill, conn, h).await?;
+        ctx.prefill_slot = None;
         let mut d_body = Vec::with_capacity(sent.len() + 256);
         match nixl::returned_params(&answer) {
             Some(params) => nixl::decode_body(sent, params, &mut d_body).map_err(unsplicable)?,
@@ -109,6 +110,8 @@ pub async fn attempt(
         }
     };
     let answer = prefill_answer(shard, ctx, prefill, conn, h).await?;
+    // The prefill leg is over: its place among the prefill's legs in flight goes back.
+    ctx.prefill_slot = None;
     // SGLang's prompt log-probabilities are the prefill's: merged into the decode's answer.
     let merge =
         route == PairRoute::Generate && (200..300).contains(&answered.head.status) && flag(sent, "return_logprob");

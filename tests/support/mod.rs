@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 pub mod admit;
 pub mod gossip;
+pub mod pd;
 pub mod redis_server;
 pub mod rogue;
 pub mod sim;

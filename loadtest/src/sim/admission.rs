@@ -22,6 +22,10 @@ pub struct Gate {
     free_tokens: Cell<u64>,
     queue: RefCell<VecDeque<Rc<Waiter>>>,
     waiting: Cell<usize>,
+    /// The most requests ever running, and ever waiting, at once: what a gateway's
+    /// admission in front let through (`peak_running`, `peak_waiting` in /sim/stats).
+    peak_running: Cell<usize>,
+    peak_waiting: Cell<usize>,
 }
 
 struct Waiter {
@@ -42,6 +46,8 @@ impl Gate {
             free_tokens: Cell::new(kv_tokens),
             queue: RefCell::new(VecDeque::new()),
             waiting: Cell::new(0),
+            peak_running: Cell::new(0),
+            peak_waiting: Cell::new(0),
         })
     }
 
@@ -51,6 +57,11 @@ impl Gate {
 
     pub fn waiting(&self) -> usize {
         self.waiting.get()
+    }
+
+    /// (most running, most waiting) at once so far.
+    pub fn peaks(&self) -> (usize, usize) {
+        (self.peak_running.get(), self.peak_waiting.get())
     }
 
     /// KV tokens reserved by running requests (0 when tokens are not limited).
@@ -74,6 +85,7 @@ impl Gate {
 
     fn take(&self, need: u64) {
         self.free_slots.set(self.free_slots.get() - 1);
+        self.peak_running.set(self.peak_running.get().max(self.running()));
         self.free_tokens.set(self.free_tokens.get() - need);
     }
 
@@ -139,6 +151,7 @@ impl Future for Admit {
         });
         gate.queue.borrow_mut().push_back(w.clone());
         gate.waiting.set(gate.waiting.get() + 1);
+        gate.peak_waiting.set(gate.peak_waiting.get().max(gate.waiting.get()));
         self.waiter = Some(w);
         Poll::Pending
     }

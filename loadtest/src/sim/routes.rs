@@ -371,6 +371,8 @@ pub fn stats_body(w: &Worker) -> String {
         s.handoffs_failed.get(),
         s.handoff_wait_us.get() as f64 / 1000.0,
     );
+    let (peak_running, peak_waiting) = w.gate.peaks();
+    let _ = write!(out, ",\"peak_running\":{peak_running},\"peak_waiting\":{peak_waiting}");
     if let Some(pd) = w.pd.as_ref().filter(|p| p.role == PdRole::Prefill) {
         let _ = write!(out, ",\"handoffs_pending\":{}", pd.rooms.pending());
     }

@@ -200,7 +200,7 @@ enum Began {
 pub async fn attempt(
     shard: &Rc<Shard>,
     client: &Client,
-    ctx: &RequestCtx,
+    ctx: &mut RequestCtx,
     picked: &Picked,
     req: &mut GrpcRequest,
 ) -> Result<Begun, AttemptError> {
@@ -234,8 +234,9 @@ pub async fn attempt(
             let (_, prep) = prepared.as_ref().expect("prepared");
             if let Some(prefill) = picked.prefill() {
                 // Boxed, as forward.rs boxes the HTTP pair's: a one-worker request does not carry it.
+                let slot = ctx.prefill_slot.take();
                 let (target, started) =
-                    Box::pin(pair::attempt(shard, client, prefill, target, prep, &id, limits)).await?;
+                    Box::pin(pair::attempt(shard, client, prefill, target, prep, &id, limits, slot)).await?;
                 return Ok(Begun(Began::Generating { target, started, id }));
             }
             match start(&mut target, client, prep, &id, limits, None).await {

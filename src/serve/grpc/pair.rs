@@ -4,7 +4,8 @@
 //! room per prompt. The decode's stream is the answer, assembled as any gRPC worker's.
 //!
 //! The prefill's calls are read to their end by a task of their own (an engine aborts a
-//! request whose stream is reset, and the prefill must run to hand its KV over). A prefill
+//! request whose stream is reset, and the prefill must run to hand its KV over), which
+//! holds the pair's place among the prefill's legs in flight until then. A prefill
 //! that fails before the decode's first message fails the attempt
 //! (`prefill_worker_failed_to_start`, its status mapped as any engine's), and the decode's
 //! calls are dropped, which aborts them; so does a decode that fails to start
@@ -18,6 +19,7 @@ use smg_proto::paths::sglang_scheduler as path;
 use smg_proto::scheduler::{DisaggregatedParams, GenerateResponse};
 
 use super::calls::{engine_request, start, Started, Target};
+use crate::admission::Permit;
 use crate::grpc::conn::{Call, Limits};
 use crate::grpc::request::Prepared;
 use crate::grpc::wire::{self, Status};
@@ -33,7 +35,9 @@ use crate::workers::Worker;
 const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 
 /// See the module doc. `decode`: the picked worker's connection, `id`: the engine request
-/// id. The decode's started calls are the answer's.
+/// id, `slot`: the prefill leg's admission (serve/pair_admit.rs). The decode's started
+/// calls are the answer's.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn attempt(
     shard: &Rc<Shard>,
     client: &Client,
@@ -42,6 +46,7 @@ pub(super) async fn attempt(
     prep: &Prepared,
     id: &str,
     limits: Limits,
+    slot: Option<Permit>,
 ) -> Result<(Target, Started), AttemptError> {
     let Role::Prefill { bootstrap_port } = prefill.meta.role else { unreachable!("picked as a prefill worker") };
     let host = bootstrap_host(&prefill.url.authority);
@@ -57,7 +62,7 @@ pub(super) async fn attempt(
     let decode_id = decode.id;
     let prefill_failed = |s: Status| failed(shard, s, Some(prefill), decode_id);
     let calls = start_prefill(shard, prefill, prep, id, limits, &params).await.map_err(prefill_failed)?;
-    let mut drained = monoio::spawn(drain(calls));
+    let mut drained = monoio::spawn(drain(calls, slot));
     let started = {
         let mut decoding = pin!(start(&mut decode, client, prep, id, limits, Some(&params)));
         monoio::select! {
@@ -101,8 +106,9 @@ async fn start_prefill(
     Ok(calls)
 }
 
-/// Reads every prefill call to its end; the first engine failure.
-async fn drain(calls: Vec<Call>) -> Result<(), Status> {
+/// Reads every prefill call to its end, `slot` held until then; the first engine failure.
+async fn drain(calls: Vec<Call>, slot: Option<Permit>) -> Result<(), Status> {
+    let _slot = slot;
     for mut call in calls {
         while let Some(m) = call.next::<GenerateResponse>().await {
             m?;
