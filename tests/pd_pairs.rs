@@ -3,7 +3,8 @@
 //! (prefill first, its `kv_transfer_params` relayed), JSON and SSE answers from the decode;
 //! the roles as `/workers` shows them; a prefill that fails (its status and message kept, a
 //! 400 not retried), one that is unreachable (fails fast, the other prefill takes the retry),
-//! and the routes a pair does not serve.
+//! the routes a pair does not serve, and a prefill and a decode killed mid-load on every
+//! pair shape (SGLang and vLLM over HTTP, SGLang over gRPC).
 
 // clippy.toml's house rules are the gateway's: a test's threads are not shards and may block.
 #![allow(clippy::disallowed_methods)]
@@ -310,64 +311,86 @@ fn each_role_is_routed_by_its_own_policy() {
     });
 }
 
+/// The pair shapes a fleet can have: SGLang or vLLM over HTTP, SGLang over gRPC.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Sglang,
+    Vllm,
+    Grpc,
+}
+
 #[test]
 fn a_prefill_and_a_decode_killed_mid_load_lose_no_request() {
-    both_drivers(|legacy| {
-        let (p1, b1) = prefill(&["--ttft-ms", "20"]);
-        let (p2, b2) = prefill(&["--ttft-ms", "20"]);
-        let handoff = patience(Duration::from_secs(10));
-        let (d1, d2) = (decode(handoff, &["--itl-ms", "5"]), decode(handoff, &["--itl-ms", "5"]));
-        let gw = pd_gateway(
-            legacy,
-            &[(p1.url(), Some(b1)), (p2.url(), Some(b2))],
-            &[d1.url(), d2.url()],
-            &["--policy", "round_robin", "--retry-initial-backoff-ms", "1", "--cores", "2"],
-        );
-        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let port = gw.port;
-        let clients: Vec<_> = (0..8)
-            .map(|i| {
-                let done = done.clone();
-                std::thread::spawn(move || {
-                    let mut outcomes = Vec::new();
-                    for n in 0..12 {
-                        let stream = if (i + n) % 2 == 0 { r#","stream":true"# } else { "" };
-                        let r = post(port, "/v1/chat/completions", &chat(stream), &[]);
-                        outcomes.push((r.status, r.text()));
-                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    outcomes
-                })
+    for shape in [Shape::Sglang, Shape::Vllm, Shape::Grpc] {
+        both_drivers(|legacy| killed_mid_load(shape, legacy));
+    }
+}
+
+/// Two prefills and two decodes of `shape` under 8 clients' load; one prefill dies, then
+/// one decode: every request is answered, a failed leg is retried on the survivors.
+fn killed_mid_load(shape: Shape, legacy: bool) {
+    let (model, extra): (&str, &[&str]) = match shape {
+        Shape::Sglang => ("m", &[]),
+        Shape::Vllm => ("m", &["--runtime", "vllm"]),
+        Shape::Grpc => ("sim-model", &["--grpc"]),
+    };
+    let with = |flags: &[&'static str]| -> Vec<&'static str> { flags.iter().chain(extra).copied().collect() };
+    let (p1, b1) = prefill_of(model, &with(&["--ttft-ms", "20"]));
+    let (p2, b2) = prefill_of(model, &with(&["--ttft-ms", "20"]));
+    let handoff = patience(Duration::from_secs(10));
+    let (d1, d2) =
+        (decode_of(model, handoff, &with(&["--itl-ms", "5"])), decode_of(model, handoff, &with(&["--itl-ms", "5"])));
+    let url = |s: &Sim| if matches!(shape, Shape::Grpc) { s.grpc_url() } else { s.url() };
+    let port = |b: u16| if matches!(shape, Shape::Vllm) { None } else { Some(b) };
+    let gw = pd_gateway(
+        legacy,
+        &[(url(&p1), port(b1)), (url(&p2), port(b2))],
+        &[url(&d1), url(&d2)],
+        &["--policy", "round_robin", "--retry-initial-backoff-ms", "1", "--cores", "2"],
+    );
+    let body = move |extra: &str| chat(extra).replace(r#""model":"m""#, &format!(r#""model":"{model}""#));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gw_port = gw.port;
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut outcomes = Vec::new();
+                for n in 0..12 {
+                    let stream = if (i + n) % 2 == 0 { r#","stream":true"# } else { "" };
+                    let r = post(gw_port, "/v1/chat/completions", &body(stream), &[]);
+                    outcomes.push((r.status, r.text()));
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                outcomes
             })
-            .collect();
-        let at = |n: usize| {
-            support::wait_until(patience(Duration::from_secs(20)), || {
-                done.load(std::sync::atomic::Ordering::Relaxed) >= n
-            })
-        };
-        assert!(at(16));
-        p1.die();
-        assert!(at(40));
-        d1.die();
-        let outcomes: Vec<(u16, String)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
-        assert_eq!(outcomes.len(), 96, "every request answered");
-        for (status, text) in &outcomes {
-            match status {
-                // A whole answer: a JSON completion, or a stream that ended with [DONE]; a
-                // stream the dying decode was sending may be cut, never silently.
-                200 => assert!(
-                    text.contains("\"choices\"") || text.contains("data: [DONE]") || text.contains("\"error\""),
-                    "{text}"
-                ),
-                _ => assert!(text.contains("\"code\""), "a clear error: {status} {text}"),
-            }
+        })
+        .collect();
+    let at = |n: usize| {
+        support::wait_until(patience(Duration::from_secs(20)), || done.load(std::sync::atomic::Ordering::Relaxed) >= n)
+    };
+    assert!(at(16), "{shape:?}");
+    p1.die();
+    assert!(at(40), "{shape:?}");
+    d1.die();
+    let outcomes: Vec<(u16, String)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    assert_eq!(outcomes.len(), 96, "{shape:?}: every request answered");
+    for (status, text) in &outcomes {
+        match status {
+            // A whole answer: a JSON completion, or a stream that ended with [DONE]; a
+            // stream the dying decode was sending may be cut, never silently.
+            200 => assert!(
+                text.contains("\"choices\"") || text.contains("data: [DONE]") || text.contains("\"error\""),
+                "{shape:?}: {text}"
+            ),
+            _ => assert!(text.contains("\"code\""), "{shape:?}: a clear error: {status} {text}"),
         }
-        let ok = outcomes.iter().filter(|(s, _)| *s == 200).count();
-        // Right: all 96 (a failed leg is retried elsewhere; a cut stream still said 200). Wrong
-        // (no failover): about half of the ~56 after the kills fail, some 68 left. Halfway: 82.
-        assert!(ok >= 82, "retries carried the requests the dead workers failed: {ok}/96 answered 200");
-        // The survivors serve on.
-        let r = post(gw.port, "/v1/chat/completions", &chat(""), &[]);
-        assert_eq!(r.status, 200, "{}", r.text());
-    });
+    }
+    let ok = outcomes.iter().filter(|(s, _)| *s == 200).count();
+    // Right: all 96 (a failed leg is retried elsewhere; a cut stream still said 200). Wrong
+    // (no failover): about half of the ~56 after the kills fail, some 68 left. Halfway: 82.
+    assert!(ok >= 82, "{shape:?}: retries carried the requests the dead workers failed: {ok}/96 answered 200");
+    // The survivors serve on.
+    let r = post(gw.port, "/v1/chat/completions", &body(""), &[]);
+    assert_eq!(r.status, 200, "{shape:?}: {}", r.text());
 }
