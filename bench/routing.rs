@@ -33,7 +33,7 @@ fn urls(n: usize) -> Vec<String> {
 }
 
 fn cands(urls: &[String]) -> Vec<Candidate<'_>> {
-    urls.iter().enumerate().map(|(i, u)| Candidate { url: u, load: i % 3, engine_load: None }).collect()
+    urls.iter().enumerate().map(|(i, u)| Candidate { url: u, load: i % 3, engine_load: None, cached: None }).collect()
 }
 
 /// A router whose tree already holds 64 conversations sharing 8 system prompts, each

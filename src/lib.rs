@@ -26,6 +26,7 @@ pub mod duration;
 pub mod grpc;
 pub mod http;
 pub mod io;
+pub mod kv;
 pub mod metrics;
 pub mod pair;
 pub mod random;

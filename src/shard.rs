@@ -18,6 +18,8 @@ use crate::budget::shard::ShardBudgets;
 use crate::config::Config;
 use crate::http::date::{DateCache, LEN as DATE_LEN};
 use crate::http::pool::{Pool, UpstreamConn};
+use crate::kv::index::{BlockIndex, KvUpdate};
+use crate::kv::keys::request_keys;
 use crate::metrics::{Finished, ShardMetrics, ShardReport};
 use crate::routing::{Candidate, Digest, RouteError, RouteInput, ShardRouter};
 use crate::trace::{ShardTraces, SpanRecord};
@@ -148,6 +150,9 @@ pub struct Shard {
     permits: Option<Rc<RefCell<Permits>>>,
     /// This shard's share of the prefill/decode pairs' per-worker pools.
     pd_pools: PdPools,
+    /// What the engines' KV-cache events say each worker holds (kv/), as the events thread
+    /// told this shard.
+    kv: RefCell<BlockIndex>,
     /// The priority scheduler (None without `--priority-scheduler-enabled`).
     scheduler: Option<Rc<RefCell<Scheduler>>>,
     /// None with `--prometheus-port 0`.
@@ -231,6 +236,7 @@ impl Shard {
             ticks: Cell::new(0),
             permits,
             pd_pools,
+            kv: RefCell::new(BlockIndex::default()),
             scheduler,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
@@ -295,6 +301,7 @@ impl Shard {
                 let p = p.borrow();
                 (p.queued(), p.free())
             }),
+            kv: self.kv.borrow().per_worker(),
         }
     }
 
@@ -401,7 +408,10 @@ impl Shard {
         positions: &[usize],
         now: Instant,
     ) -> Result<usize, RouteError> {
-        let cands = self.candidates(snap, positions);
+        let mut cands = self.candidates(snap, positions);
+        if let Some(tokens) = input.tokens {
+            self.kv_prefixes(tokens, snap, positions, &mut cands);
+        }
         router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
     }
 
@@ -415,9 +425,46 @@ impl Shard {
                     url: &w.url.url,
                     load: loads.total.get(w.id.index()).copied().unwrap_or(0),
                     engine_load: w.engine_load,
+                    cached: None,
                 }
             })
             .collect()
+    }
+
+    /// Fills in the prefix of `tokens` each candidate's engine holds by its KV-cache events
+    /// (the candidates whose events flow; one key chain per block size among them).
+    fn kv_prefixes(&self, tokens: &[u32], snap: &Snapshot, positions: &[usize], cands: &mut [Candidate<'_>]) {
+        let kv = self.kv.borrow();
+        if !kv.any_live() {
+            return;
+        }
+        let live: Vec<(usize, crate::workers::WorkerId, u32)> = positions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &p)| kv.live(snap.workers[p].id).map(|bs| (i, snap.workers[p].id, bs)))
+            .collect();
+        let (mut keys, mut ids, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sizes: Vec<u32> = live.iter().map(|l| l.2).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        for bs in sizes {
+            // The base model's namespace: a LoRA's blocks never serve it.
+            request_keys(tokens, bs as usize, 0, &mut keys);
+            ids.clear();
+            ids.extend(live.iter().filter(|l| l.2 == bs).map(|l| l.1));
+            kv.prefixes(&keys, &ids, &mut out);
+            for (l, blocks) in live.iter().filter(|l| l.2 == bs).zip(&out) {
+                cands[l.0].cached = Some(blocks * bs as usize);
+            }
+        }
+    }
+
+    /// Changes from the KV-cache events thread.
+    pub fn on_kv_update(&self, u: &KvUpdate) {
+        let mut kv = self.kv.borrow_mut();
+        for &(worker, change) in &u.changes {
+            kv.apply(worker, change);
+        }
     }
 
     /// Requests this shard counts against `worker` now.

@@ -28,6 +28,8 @@ pub struct Gauges<'a> {
     pub fleet: Option<&'a FleetStats>,
     /// (shard, ticks run) of each shard that answered, by shard.
     pub shard_ticks: &'a [(usize, u64)],
+    /// The KV-cache events index every shard has applied: (worker, blocks, events flow).
+    pub kv: &'a [(crate::worker_id::WorkerId, usize, bool)],
 }
 
 /// Circuit breakers, health checks and overload, from the control thread.
@@ -270,6 +272,25 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
         let n = g.worker_loads.get(w.id.index()).copied().unwrap_or(0);
         let _ = writeln!(out, "smg_worker_requests_active{} {n}", labels(&[("worker", &w.url.url)]));
     }
+    if !g.kv.is_empty() {
+        family(
+            &mut out,
+            "smg_kv_index_blocks",
+            "gauge",
+            "Blocks each worker's KV-cache events say it holds on the GPU",
+        );
+        for (id, blocks, _) in g.kv {
+            if let Some(w) = g.snapshot.workers.iter().find(|w| w.id == *id) {
+                let _ = writeln!(out, "smg_kv_index_blocks{} {blocks}", labels(&[("worker", &w.url.url)]));
+            }
+        }
+        family(&mut out, "smg_kv_events_live", "gauge", "1 while a worker's KV-cache events flow (0: routing guesses)");
+        for (id, _, live) in g.kv {
+            if let Some(w) = g.snapshot.workers.iter().find(|w| w.id == *id) {
+                let _ = writeln!(out, "smg_kv_events_live{} {}", labels(&[("worker", &w.url.url)]), u8::from(*live));
+            }
+        }
+    }
     family(
         &mut out,
         "smg_worker_selection_total",
@@ -468,6 +489,7 @@ mod tests {
             snapshot: &snap,
             inflight: 2,
             worker_loads: &[],
+            kv: &[],
             routers: &[],
             admission: Some((0, 8)),
             spans_dropped: 0,

@@ -6,6 +6,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
+use crate::worker_id::WorkerId;
+
 use super::exposition::{render, Gauges};
 use super::shard::{Counts, ShardReport};
 use crate::workers::control::ControlMsg;
@@ -37,8 +39,10 @@ impl Scraper {
         let mut budget: Option<crate::budget::shard::BudgetCounts> = None;
         let mut scheduler: Option<[(usize, usize, u64); 4]> = None;
         let mut shard_ticks = Vec::with_capacity(asked);
+        let mut kv_by_shard = Vec::with_capacity(asked);
         for _ in 0..asked {
             let Ok(r) = rx.recv_timeout(Duration::from_secs(1)) else { break };
+            kv_by_shard.push(r.kv);
             shard_ticks.push((r.shard, r.ticks));
             counts.merge(&r.counts);
             routers.push(r.router);
@@ -76,6 +80,7 @@ impl Scraper {
         let asked = self.control.send(ControlMsg::Stats(tx)).is_ok();
         let fleet = if asked { rx.recv_timeout(Duration::from_secs(1)).ok() } else { None };
         shard_ticks.sort_unstable();
+        let kv = kv_agreed(&kv_by_shard);
         let g = Gauges {
             snapshot: &snap,
             inflight,
@@ -87,9 +92,26 @@ impl Scraper {
             scheduler,
             fleet: fleet.as_ref(),
             shard_ticks: &shard_ticks,
+            kv: &kv,
         };
         render(&counts, &g, &self.bounds, &self.policy)
     }
+}
+
+/// What every shard's KV index agrees on, per worker: the fewest blocks any shard holds for
+/// it (a shard that names it not at all holds none), live only where all say so. Shards
+/// apply the same changes in the same order, so this is what they all have applied.
+fn kv_agreed(shards: &[Vec<(WorkerId, usize, bool)>]) -> Vec<(WorkerId, usize, bool)> {
+    let mut ids: Vec<WorkerId> = shards.iter().flatten().map(|e| e.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.into_iter()
+        .map(|id| {
+            let each = shards.iter().map(|s| s.iter().find(|e| e.0 == id).map_or((0, false), |e| (e.1, e.2)));
+            let (blocks, live) = each.fold((usize::MAX, true), |(b, l), (sb, sl)| (b.min(sb), l && sl));
+            (id, if blocks == usize::MAX { 0 } else { blocks }, live)
+        })
+        .collect()
 }
 
 /// Binds and serves until the process exits. A port still held (by the gateway this one is

@@ -339,6 +339,8 @@ pub struct ShardReport {
     pub budget: Option<crate::budget::shard::BudgetCounts>,
     /// The priority scheduler per class (lowest first): queued, in flight, promoted.
     pub scheduler: Option<[(usize, usize, u64); 4]>,
+    /// The KV-cache events index: (worker, blocks it holds, its events flow).
+    pub kv: Vec<(crate::worker_id::WorkerId, usize, bool)>,
 }
 
 #[cfg(test)]

@@ -313,6 +313,28 @@ fn decide<T: Elem>(
         let l = load as f32;
         l > mean * cfg.balance_rel_threshold && l > mean + cfg.balance_abs_threshold as f32
     };
+    if cands.iter().any(|c| c.cached.is_some()) {
+        // The engines' own word (KV-cache events) for the workers that send it, the tree's
+        // guess for the others: each candidate's depth, and the deepest ones hold the prefix.
+        let mut depth: Vec<usize> = cands.iter().map(|c| c.cached.unwrap_or(0)).collect();
+        for (matched, marks) in tree.path_marks() {
+            for i in marks.iter().filter_map(|m| view.idx(m.slot)) {
+                if cands[i].cached.is_none() {
+                    depth[i] = depth[i].max(matched);
+                }
+            }
+        }
+        let best = depth.iter().copied().max().unwrap_or(0);
+        if best > 0 && best as f32 / len > cfg.cache_threshold {
+            let holders = (0..cands.len()).filter(|&i| depth[i] == best);
+            if let Some(i) = least_loaded_by_key(cands, &view.url_hash, tie_key, holders) {
+                if !over_gate(cands[i].load) {
+                    return (i, true);
+                }
+            }
+        }
+        return (least_loaded_by_key(cands, &view.url_hash, tie_key, 0..cands.len()).unwrap_or(0), false);
+    }
     for (matched, marks) in tree.path_marks() {
         if matched as f32 / len <= cfg.cache_threshold {
             break;

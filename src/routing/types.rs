@@ -11,6 +11,9 @@ pub struct Candidate<'a> {
     /// The last figure polled from the worker's `/v1/loads`
     /// ([`parse_sglang_loads`](super::loads::parse_sglang_loads)), if any.
     pub engine_load: Option<u64>,
+    /// Tokens of the request's prefix the worker's engine says it holds (its KV-cache
+    /// events, `cache_aware` on token ids); None: no events from it, the tree guesses.
+    pub cached: Option<usize>,
 }
 
 /// Everything routing may look at for one request; all borrowed from the request head/body.

@@ -13,11 +13,13 @@
 //! errors back off (10 ms doubling to 1 s) and are logged once per second with a count.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::admission::permits::PoolMsg;
 use crate::admission::priority::SchedMsg;
 use crate::io::{self, TcpListener};
+use crate::kv::index::KvUpdate;
 use crate::shard::{Shard, ShardMsg};
 
 /// How often a shard hands its cache-aware inserts to its peers. A conversation's next turn
@@ -36,13 +38,13 @@ pub async fn serve(
     shard: Rc<Shard>,
     listener: TcpListener,
     inbox: flume::Receiver<ShardMsg>,
-    admission: AdmissionInbox,
+    unbounded: UnboundedInbox,
     systemd_socket: bool,
 ) {
     let listener = Rc::new(listener);
     let ticker = monoio::spawn(tick(Rc::clone(&shard)));
     let messages = monoio::spawn(receive(Rc::clone(&shard), inbox));
-    let permits = monoio::spawn(receive_admission(Rc::clone(&shard), admission));
+    let permits = monoio::spawn(receive_unbounded(Rc::clone(&shard), unbounded));
     accept_loop(&shard, &listener).await;
     if !shard.hands_over() && !systemd_socket {
         super::backlog::drain(&shard, &listener).await;
@@ -137,16 +139,19 @@ async fn receive(shard: Rc<Shard>, inbox: flume::Receiver<ShardMsg>) {
     }
 }
 
-/// A shard's unbounded admission channels from its peers: permits (the admission permits,
-/// when the scheduler does not replace them, and the PD pools) and scheduler slots.
-pub struct AdmissionInbox {
+/// A shard's unbounded channels: from its peers, permits (the admission permits, when the
+/// scheduler does not replace them, and the PD pools) and scheduler slots; from the KV-cache
+/// events thread, index changes. None may drop a message: a lost permit, slot or change
+/// stays lost.
+pub struct UnboundedInbox {
     pub permits: flume::Receiver<PoolMsg>,
     pub sched: flume::Receiver<SchedMsg>,
+    pub kv: flume::Receiver<Arc<KvUpdate>>,
 }
 
-/// Permits (admission/permits.rs, admission/pd.rs) and scheduler slots (admission/priority/)
-/// traded with peers.
-async fn receive_admission(shard: Rc<Shard>, inbox: AdmissionInbox) {
+/// Permits (admission/permits.rs, admission/pd.rs), scheduler slots (admission/priority/)
+/// and KV index changes (kv/).
+async fn receive_unbounded(shard: Rc<Shard>, inbox: UnboundedInbox) {
     let permits = async {
         while let Ok(msg) = inbox.permits.recv_async().await {
             shard.on_permit_message(msg);
@@ -157,8 +162,13 @@ async fn receive_admission(shard: Rc<Shard>, inbox: AdmissionInbox) {
             shard.on_sched_message(msg);
         }
     };
-    // Each ends only when its channel closes (every peer gone).
-    monoio::join!(permits, sched);
+    let kv = async {
+        while let Ok(u) = inbox.kv.recv_async().await {
+            shard.on_kv_update(&u);
+        }
+    };
+    // Each ends only when its channel closes (every sender gone).
+    monoio::join!(permits, sched, kv);
 }
 
 async fn tick(shard: Rc<Shard>) {

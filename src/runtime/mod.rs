@@ -16,10 +16,12 @@ use arc_swap::ArcSwap;
 use crate::admission::permits::PoolMsg;
 use crate::admission::priority::SchedMsg;
 use crate::config::{Config, Host};
+use crate::kv::index::KvUpdate;
+use crate::routing::PolicyKind;
 use crate::shard::{Heartbeats, Peers, Shard, ShardMsg};
 use crate::workers::control::{self, ControlMsg};
 use crate::workers::{Registry, Snapshot};
-use accept::AdmissionInbox;
+use accept::UnboundedInbox;
 
 /// Cores this process may run on (respects taskset/cpusets).
 pub fn allowed_cores() -> Vec<core_affinity::CoreId> {
@@ -86,7 +88,7 @@ struct ShardStart {
     control: flume::Sender<ControlMsg>,
     peers: Peers,
     inbox: flume::Receiver<ShardMsg>,
-    admission_inbox: AdmissionInbox,
+    unbounded: UnboundedInbox,
     /// A socket from systemd (or a predecessor) to accept on instead of binding
     /// `--host`/`--port`.
     activated: Option<std::os::fd::RawFd>,
@@ -128,7 +130,7 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(usize, RawFd), String>
                 monoio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        accept::serve(shard, listener, s.inbox, s.admission_inbox, s.systemd_socket).await;
+        accept::serve(shard, listener, s.inbox, s.unbounded, s.systemd_socket).await;
     });
 }
 
@@ -161,8 +163,17 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let traces = cfg.trace_endpoint.clone().map(crate::trace::exporter::start);
     let heartbeats = Heartbeats::new(cfg.cores);
     let mut threads = Vec::new();
-    let admission_rxs = permit_rxs.into_iter().zip(sched_rxs).map(|(permits, sched)| AdmissionInbox { permits, sched });
-    for (index, (rx, admission_inbox)) in receivers.into_iter().zip(admission_rxs).enumerate() {
+    // The KV-cache events thread runs when a policy reads what engines cached.
+    let (kv_txs, kv_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<Arc<KvUpdate>>()).unzip();
+    if [&cfg.routing, &cfg.prefill_routing].iter().any(|r| r.policy == PolicyKind::CacheAware) {
+        crate::kv::thread::start(Arc::clone(&registry), kv_txs);
+    }
+    let unbounded = permit_rxs.into_iter().zip(sched_rxs).zip(kv_rxs).map(|((permits, sched), kv)| UnboundedInbox {
+        permits,
+        sched,
+        kv,
+    });
+    for (index, (rx, unbounded)) in receivers.into_iter().zip(unbounded).enumerate() {
         let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
         let others = |i: &usize| *i != index;
         let peers = Peers {
@@ -182,7 +193,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             control: control.clone(),
             peers,
             inbox: rx,
-            admission_inbox,
+            unbounded,
             activated: (!activated.is_empty()).then(|| activated[index % activated.len()]),
             systemd_socket: !from_predecessor && !activated.is_empty(),
             accept_when_routable: upgrade_ready.is_some(),

@@ -34,7 +34,7 @@ use crate::grpc::wire::{self, Code, Deframer, Status};
 use crate::routing::EngineLoad;
 use crate::tokenizer::Tokenizer;
 
-async fn connect(url: &WorkerUrl) -> Result<SendRequest<Bytes>, Status> {
+pub(crate) async fn connect(url: &WorkerUrl) -> Result<SendRequest<Bytes>, Status> {
     let tcp = TcpStream::connect(url.addr).await.map_err(wire::transport)?;
     let _ = tcp.set_nodelay(true);
     let (send, conn) = h2::client::Builder::new()

@@ -20,6 +20,7 @@ pub mod faults;
 pub mod grpc;
 pub mod handoff;
 pub mod http;
+pub mod kv_events;
 pub mod pd;
 pub mod prefix_cache;
 pub mod profile;

@@ -3,6 +3,10 @@
 //! Like a paged KV cache, the prompt is cut into fixed-size blocks and only whole blocks are
 //! cached. Block i's key hashes block i together with block i-1's key, so a key stands for the
 //! entire prefix up to that block and a hit run always starts at the first block.
+//!
+//! `lookup_insert_tracked` also reports what the lookup changed (blocks stored, blocks
+//! evicted), for a gRPC worker's KV events (sim/kv_events.rs); `lookup_insert` pays nothing
+//! for that.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -39,6 +43,66 @@ struct Node {
 pub struct CacheResult {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+}
+
+/// What one tracked lookup changed: the blocks it stored and the blocks it evicted, netted so
+/// that applying `removed` then `stored` to a mirror of the cache gives the cache's new state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheChanges {
+    /// Blocks the lookup stored and still holds, in prompt order.
+    pub stored: Vec<StoredBlock>,
+    /// Keys of blocks held before the lookup that it evicted (LRU), in eviction order.
+    pub removed: Vec<u64>,
+    /// Every eviction of the lookup: the key and how many blocks had been stored by then.
+    evictions: Vec<(u64, usize)>,
+}
+
+/// A block a lookup stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// Its position in the prompt: block i is prompt bytes i·block_bytes..(i+1)·block_bytes.
+    pub index: usize,
+    pub key: u64,
+    /// The key of block index-1 (held or not); None for the prompt's first block.
+    pub parent: Option<u64>,
+}
+
+// === impl CacheChanges ===
+
+impl CacheChanges {
+    pub fn is_empty(&self) -> bool {
+        self.stored.is_empty() && self.removed.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.stored.clear();
+        self.removed.clear();
+        self.evictions.clear();
+    }
+
+    /// Sorts the lookup's evictions: a block the lookup itself stored and then evicted (a prompt
+    /// longer than the cache) is neither stored nor removed; any other evicted block is removed.
+    fn settle(&mut self) {
+        if self.evictions.is_empty() {
+            return;
+        }
+        let position: HashMap<u64, usize> = self.stored.iter().enumerate().map(|(i, b)| (b.key, i)).collect();
+        let mut gone = vec![false; self.stored.len()];
+        for &(key, stored_before) in &self.evictions {
+            match position.get(&key) {
+                Some(&i) if i < stored_before => gone[i] = true,
+                _ => self.removed.push(key),
+            }
+        }
+        self.evictions.clear();
+        if gone.contains(&true) {
+            let mut i = 0;
+            self.stored.retain(|_| {
+                i += 1;
+                !gone[i - 1]
+            });
+        }
+    }
 }
 
 pub struct PrefixCache {
@@ -86,6 +150,19 @@ impl PrefixCache {
 
     /// Looks the prompt up, then stores all of its whole blocks as most recently used.
     pub fn lookup_insert(&mut self, prompt: &[u8]) -> CacheResult {
+        self.lookup(prompt, None)
+    }
+
+    /// As [`Self::lookup_insert`], also reporting in `changes` (cleared first) the blocks it
+    /// stored and evicted.
+    pub fn lookup_insert_tracked(&mut self, prompt: &[u8], changes: &mut CacheChanges) -> CacheResult {
+        changes.clear();
+        let r = self.lookup(prompt, Some(&mut *changes));
+        changes.settle();
+        r
+    }
+
+    fn lookup(&mut self, prompt: &[u8], mut changes: Option<&mut CacheChanges>) -> CacheResult {
         let prompt_tokens = self.tokens_for(prompt.len());
         if self.capacity == 0 {
             return CacheResult { prompt_tokens, cached_tokens: 0 };
@@ -93,7 +170,8 @@ impl PrefixCache {
         let mut key = 0x243F_6A88_85A3_08D3u64;
         let mut hit_blocks = 0u64;
         let mut still_hitting = true;
-        for block in prompt.chunks_exact(self.block_bytes) {
+        for (index, block) in prompt.chunks_exact(self.block_bytes).enumerate() {
+            let parent = key;
             key = hash_block(key, block);
             match self.map.get(&key).copied() {
                 Some(idx) => {
@@ -104,7 +182,13 @@ impl PrefixCache {
                 }
                 None => {
                     still_hitting = false;
-                    self.insert(key);
+                    let evicted = self.insert(key);
+                    if let Some(c) = changes.as_deref_mut() {
+                        if let Some(victim) = evicted {
+                            c.evictions.push((victim, c.stored.len()));
+                        }
+                        c.stored.push(StoredBlock { index, key, parent: (index > 0).then_some(parent) });
+                    }
                 }
             }
         }
@@ -112,6 +196,11 @@ impl PrefixCache {
         self.lookups += prompt_tokens;
         self.hits += cached_tokens;
         CacheResult { prompt_tokens, cached_tokens }
+    }
+
+    /// Tokens per block.
+    pub fn block_tokens(&self) -> usize {
+        self.block_tokens
     }
 
     /// Prompt bytes counted as one token.
@@ -147,12 +236,16 @@ impl PrefixCache {
         self.lookups = 0;
     }
 
-    fn insert(&mut self, key: u64) {
+    /// Stores `key` as most recently used; returns the key it evicted to make room.
+    fn insert(&mut self, key: u64) -> Option<u64> {
+        let mut evicted = None;
         let idx = if self.map.len() >= self.capacity {
             // Evict the LRU block and reuse its node.
             let victim = self.tail;
             self.unlink(victim);
-            self.map.remove(&self.nodes[victim as usize].key);
+            let old = self.nodes[victim as usize].key;
+            self.map.remove(&old);
+            evicted = Some(old);
             victim
         } else if let Some(i) = self.free.pop() {
             i
@@ -163,6 +256,7 @@ impl PrefixCache {
         self.nodes[idx as usize].key = key;
         self.push_front(idx);
         self.map.insert(key, idx);
+        evicted
     }
 
     fn touch(&mut self, idx: u32) {
@@ -274,5 +368,74 @@ mod tests {
         let p = text(100, 0);
         c.lookup_insert(&p);
         assert_eq!(c.lookup_insert(&p), CacheResult { prompt_tokens: 25, cached_tokens: 0 });
+    }
+
+    #[test]
+    fn tracked_lookup_reports_stored_blocks_with_parents() {
+        let mut c = PrefixCache::new(1000, 4, 1);
+        let mut ch = CacheChanges::default();
+        let a = text(10, 0);
+        let r = c.lookup_insert_tracked(&a, &mut ch);
+        assert_eq!(r, CacheResult { prompt_tokens: 10, cached_tokens: 0 });
+        // Two whole blocks; the 2-byte tail is never stored.
+        assert_eq!(ch.stored.len(), 2);
+        assert!(ch.removed.is_empty());
+        let (b0, b1) = (ch.stored[0], ch.stored[1]);
+        assert_eq!((b0.index, b0.parent), (0, None));
+        assert_eq!((b1.index, b1.parent), (1, Some(b0.key)));
+        // The same prompt again: nothing changes.
+        assert_eq!(c.lookup_insert_tracked(&a, &mut ch).cached_tokens, 8);
+        assert!(ch.is_empty());
+        // A prompt sharing the first block stores only its own, after the shared one.
+        let mut b = a.clone();
+        b[5] = b'Z';
+        let tracked = c.lookup_insert_tracked(&b, &mut ch);
+        assert_eq!(ch.stored.len(), 1);
+        assert_eq!((ch.stored[0].index, ch.stored[0].parent), (1, Some(b0.key)));
+        assert_ne!(ch.stored[0].key, b1.key);
+        // Tracking does not change what the cache decides.
+        let mut plain = PrefixCache::new(1000, 4, 1);
+        plain.lookup_insert(&a);
+        plain.lookup_insert(&a);
+        assert_eq!(plain.lookup_insert(&b), tracked);
+    }
+
+    #[test]
+    fn tracked_lookup_reports_evictions() {
+        // Room for 3 blocks of 4 tokens.
+        let mut c = PrefixCache::new(12, 4, 1);
+        let mut ch = CacheChanges::default();
+        c.lookup_insert_tracked(&text(8, 0), &mut ch);
+        let old: Vec<u64> = ch.stored.iter().map(|b| b.key).collect();
+        // Two new blocks: one free slot, then the LRU block (the first of the old prompt) goes.
+        c.lookup_insert_tracked(&text(8, 7), &mut ch);
+        assert_eq!(ch.removed, vec![old[0]]);
+        assert_eq!(ch.stored.iter().map(|b| b.index).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(c.used_tokens(), 12);
+        let new: Vec<u64> = ch.stored.iter().map(|b| b.key).collect();
+        // The old prompt again: its first block evicts the LRU one, its own second block, which
+        // is then stored again (removed, then stored: what a mirror applying them in order needs).
+        c.lookup_insert_tracked(&text(8, 0), &mut ch);
+        assert_eq!(ch.removed, vec![old[1], new[0]]);
+        assert_eq!(ch.stored.iter().map(|b| b.key).collect::<Vec<_>>(), old);
+        assert_eq!(ch.stored[1].parent, Some(old[0]));
+    }
+
+    #[test]
+    fn a_prompt_longer_than_the_cache_nets_its_own_evictions() {
+        // Room for 2 blocks; a 5-block prompt keeps only its last 2.
+        let mut c = PrefixCache::new(8, 4, 1);
+        let mut ch = CacheChanges::default();
+        c.lookup_insert_tracked(&text(4, 3), &mut ch);
+        let before = ch.stored[0].key;
+        c.lookup_insert_tracked(&text(20, 0), &mut ch);
+        assert_eq!(ch.removed, vec![before], "only the block held before the lookup is removed");
+        assert_eq!(ch.stored.iter().map(|b| b.index).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(c.used_tokens(), 8);
+        // What is reported stored is exactly what is held.
+        for b in &ch.stored {
+            assert!(c.map.contains_key(&b.key));
+        }
+        assert!(!c.map.contains_key(&before));
     }
 }

@@ -156,7 +156,7 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
             reply(out, 200, JSON, body.as_bytes())
         }
         Route::FlushCache => {
-            w.cache.borrow_mut().flush();
+            w.flush_cache();
             reply(out, 200, "text/plain", b"Cache flushed.\n")
         }
         Route::SimStats => reply(out, 200, JSON, stats_body(w).as_bytes()),
@@ -238,7 +238,7 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
         Fault::None => None,
     };
     bump(&w.stats.inference, 1);
-    let cache = w.cache.borrow_mut().lookup_insert(req.prompt.as_bytes());
+    let cache = w.cache_prompt(req.prompt.as_bytes(), None);
     bump(&w.stats.prompt_tokens, cache.prompt_tokens);
     bump(&w.stats.cached_tokens, cache.cached_tokens);
     if api == Api::Embeddings {
@@ -379,9 +379,12 @@ pub fn stats_body(w: &Worker) -> String {
     if w.grpc.is_some() {
         let _ = write!(out, ",\"grpc\":{}", w.grpc_state.stats_json());
     }
+    if let Some(log) = &w.kv_events {
+        let _ = write!(out, ",\"kv_events\":{}", log.stats_json());
+    }
     let _ = write!(
         out,
-        ",\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{},\"flap_health_ms\":{},\"close_after_response\":{},\"reported_load\":{},\"dp_size\":{},\"prefill_batch_factor\":{},\"max_running\":{},\"kv_cache_tokens\":{},\"profile\":{}}}}}",
+        ",\"settings\":{{\"ttft_ms\":{},\"itl_ms\":{},\"prefill_us_per_token\":{},\"itl_batch_factor\":{},\"output_tokens\":{},\"fail_rate\":{},\"fail_status\":{},\"hang_rate\":{},\"truncate_rate\":{},\"truncate_after_tokens\":{},\"die_after\":{},\"accept_delay_ms\":{},\"flap_health_ms\":{},\"close_after_response\":{},\"reported_load\":{},\"dp_size\":{},\"prefill_batch_factor\":{},\"max_running\":{},\"kv_cache_tokens\":{},\"profile\":{}",
         t.ttft_us as f64 / 1000.0,
         t.itl_us as f64 / 1000.0,
         t.prefill_ns_per_token as f64 / 1000.0,
@@ -403,6 +406,10 @@ pub fn stats_body(w: &Worker) -> String {
         w.gate.capacity_tokens(),
         w.profile.map_or_else(|| "null".to_string(), |p| format!("\"{p}\"")),
     );
+    if let Some(log) = &w.kv_events {
+        let _ = write!(out, ",\"kv_events_skip\":{}", log.pending_skip());
+    }
+    out.push_str("}}");
     out
 }
 
@@ -420,6 +427,7 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
     let mut healthy: Option<Option<bool>> = None;
     let mut flap = None;
     let mut flush = false;
+    let mut kv_skip = None;
     let mut die = false;
     for entry in sonic_rs::to_object_iter(body) {
         let (key, v) = entry.map_err(|e| format!("invalid JSON body: {e}"))?;
@@ -454,6 +462,12 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
             "truncate_after_tokens" => f.truncate_after_tokens = opt_u64()?.map(|n| n as u32),
             "die_after" => f.die_after = opt_u64()?,
             "accept_delay_ms" => f.accept_delay_ms = num()? as u64,
+            "kv_events_skip" if w.kv_events.is_none() => {
+                return Err("kv_events_skip: only --grpc workers publish KV events".into())
+            }
+            "kv_events_skip" => {
+                kv_skip = Some(v.as_u64().ok_or("kv_events_skip must be a non-negative integer")?);
+            }
             other => return Err(format!("unknown control key {other:?}")),
         }
     }
@@ -465,8 +479,12 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
     if let Some(ms) = flap {
         w.health.set_flap(ms);
     }
+    // Before the flush, so a body with both numbers the flush's batch past the gap.
+    if let (Some(n), Some(log)) = (kv_skip, &w.kv_events) {
+        log.skip(n);
+    }
     if flush {
-        w.cache.borrow_mut().flush();
+        w.flush_cache();
     }
     w.timing.set(t);
     w.faults.set(f);
@@ -661,5 +679,42 @@ mod tests {
         let text = String::from_utf8_lossy(&out);
         assert!(text.contains("connection: close") && text.contains("\"dead\":true"), "{text}");
         assert_eq!(dispatch(&w, Route::Health, false, b"", true, &mut out), Action::Close);
+    }
+
+    #[test]
+    fn kv_events_knob_and_stats() {
+        let args = SimArgs::parse_from(["smg-sim", "--ports", "1", "--block-tokens", "2"]);
+        let mut spec = args.worker_specs().unwrap().remove(0);
+        spec.grpc = Some(crate::sim::config::GrpcSpec {
+            tokenizer_dir: std::path::PathBuf::new(),
+            advertised_path: String::new(),
+            llama: None,
+            markup: (None, None),
+            embedding: false,
+        });
+        let w = Worker::new(&spec, 1);
+        let log = w.kv_events.as_ref().unwrap();
+        let st = call(&w, Route::SimStats, "").1;
+        assert_eq!(st["kv_events"]["published"].as_u64(), Some(0));
+        assert_eq!(st["settings"]["kv_events_skip"].as_u64(), Some(0));
+        // An HTTP prompt on a gRPC worker publishes its blocks too (ids read from its bytes).
+        let sub = log.subscribe(0);
+        let body = br#"{"prompt":"abcdefghijklmnop"}"#;
+        let action = dispatch(&w, Route::Infer(Api::Completions), true, body, true, &mut Vec::new());
+        assert!(matches!(action, Action::Generate(_)), "{action:?}");
+        assert_eq!(sub.queued(), 1);
+        let (_, st) = call(&w, Route::SimControl, r#"{"kv_events_skip":3}"#);
+        assert_eq!(st["settings"]["kv_events_skip"].as_u64(), Some(3));
+        assert_eq!(call(&w, Route::SimControl, r#"{"kv_events_skip":-1}"#).0, 400);
+        let (_, st) = call(&w, Route::SimControl, r#"{"flush_cache":true}"#);
+        let kv = &st["kv_events"];
+        assert_eq!((kv["published"].as_u64(), kv["last_sequence"].as_u64()), (Some(2), Some(5)));
+        assert_eq!((kv["subscribers"].as_u64(), st["settings"]["kv_events_skip"].as_u64()), (Some(1), Some(0)));
+        call(&w, Route::FlushCache, "");
+        assert_eq!((log.last_sequence(), sub.queued()), (6, 3));
+        // HTTP workers have neither the knob nor the stats.
+        let http = worker(&[]);
+        assert_eq!(call(&http, Route::SimControl, r#"{"kv_events_skip":1}"#).0, 400);
+        assert!(call(&http, Route::SimStats, "").1.get("kv_events").is_none());
     }
 }

@@ -138,3 +138,65 @@ pub fn split(msgs: Vec<pb::GenerateResponse>) -> (Vec<pb::GenerateStreamChunk>, 
     }
     (chunks, completes)
 }
+
+/// [`connect`], with the client's per-stream flow-control window set to `window` bytes (a
+/// slow reader: the server may send no more than that unread).
+pub async fn connect_with_window(port: u16, window: u32) -> Client {
+    let tcp = monoio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake(tcp.into_poll_io().expect("poll io"))
+        .await
+        .expect("h2 handshake");
+    monoio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A server-streaming call read one message at a time.
+pub struct Streaming {
+    body: h2::RecvStream,
+    buf: BytesMut,
+}
+
+impl Streaming {
+    /// Waits for the call's response head; Err with the status of a call that failed at once.
+    pub async fn open(resp: h2::client::ResponseFuture) -> Result<Streaming, (u32, String)> {
+        let resp = resp.await.expect("response head");
+        assert_eq!(resp.status(), 200);
+        if let Some(status) = status_of(resp.headers()) {
+            return Err(status);
+        }
+        Ok(Streaming { body: resp.into_body(), buf: BytesMut::new() })
+    }
+
+    /// The next message; None once the body ended (the status is then in [`Self::status`]) or
+    /// the connection was cut.
+    pub async fn next<M: Message + Default>(&mut self) -> Option<M> {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+                if self.buf.len() >= 5 + len {
+                    self.buf.advance(5);
+                    let msg = self.buf.split_to(len).freeze();
+                    return Some(M::decode(msg).expect("decode"));
+                }
+            }
+            match self.body.data().await {
+                Some(Ok(d)) => {
+                    let _ = self.body.flow_control().release_capacity(d.len());
+                    self.buf.extend_from_slice(&d);
+                }
+                Some(Err(_)) | None => return None,
+            }
+        }
+    }
+
+    /// The status trailers after the last message; None when the stream was cut without them.
+    pub async fn status(&mut self) -> Option<(u32, String)> {
+        let status = self.body.trailers().await.ok().flatten().as_ref().and_then(status_of);
+        assert!(status.is_none() || self.buf.is_empty(), "a partial message before the status");
+        status
+    }
+}

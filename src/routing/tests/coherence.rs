@@ -134,8 +134,11 @@ pub(crate) fn run(s: Scenario, policy: PolicyKind, shards: usize, digests: bool,
                 let msg = words(&mut rng, n);
                 convo[u].push_str(&msg);
                 let prompt = convo[u].clone();
-                let cands: Vec<Candidate<'_>> =
-                    urls.iter().zip(&load).map(|(url, &l)| Candidate { url, load: l, engine_load: None }).collect();
+                let cands: Vec<Candidate<'_>> = urls
+                    .iter()
+                    .zip(&load)
+                    .map(|(url, &l)| Candidate { url, load: l, engine_load: None, cached: None })
+                    .collect();
                 let input = RouteInput { model: "m", text: Some(&prompt), ..RouteInput::default() };
                 // The kernel spreads connections: any shard may get any turn.
                 let shard = rng.usize(..shards);

@@ -113,7 +113,7 @@ fn least_load_uses_engine_reports_plus_in_flight() {
     let now = crate::clock::now();
     let mut r = router(PolicyKind::LeastLoad);
     let mk = |loads: [usize; 3], eng: [Option<u64>; 3]| -> Vec<Candidate<'_>> {
-        (0..3).map(|i| Candidate { url: &u[i], load: loads[i], engine_load: eng[i] }).collect()
+        (0..3).map(|i| Candidate { url: &u[i], load: loads[i], engine_load: eng[i], cached: None }).collect()
     };
     // No reports: in-flight decides.
     assert_eq!(r.pick(&RouteInput::default(), &mk([3, 1, 2], [None; 3]), now), Ok(1));
@@ -145,6 +145,36 @@ fn cache_aware_sticks_to_the_prefix_holder() {
         let i = r.pick(&text_input("m", &format!("{sys}{q}")), &cands(&u, &loads), now).unwrap();
         assert_eq!(i, first);
     }
+}
+
+/// The engines' KV-cache events win over the tree: a worker whose events say it holds the
+/// deepest prefix is chosen though the tree learnt another; a worker without events keeps
+/// the tree's depth; over the spill gate the least loaded wins.
+#[test]
+fn cache_aware_trusts_kv_events_over_its_tree() {
+    let u = urls(3);
+    let now = crate::clock::now();
+    let mut r = router(PolicyKind::CacheAware);
+    let ids: Vec<u32> = (0..64).collect();
+    let input = RouteInput { model: "m", tokens: Some(&ids), ..RouteInput::default() };
+    let with = |cached: [Option<usize>; 3], loads: [usize; 3]| -> Vec<Candidate<'_>> {
+        (0..3).map(|i| Candidate { url: &u[i], load: loads[i], engine_load: None, cached: cached[i] }).collect()
+    };
+    // The tree learns worker 0 (no events anywhere yet).
+    let first = r.pick(&input, &cands(&u, &[]), now).unwrap();
+    let other = (first + 1) % 3;
+    let mut cached = [Some(0); 3];
+    cached[other] = Some(48);
+    assert_eq!(r.pick(&input, &with(cached, [0; 3]), now).unwrap(), other, "the events' holder");
+    // The tree's holder sends no events: its depth (all 64, learnt twice now) is the deepest.
+    let mut mixed = [Some(16); 3];
+    mixed[first] = None;
+    assert_eq!(r.pick(&input, &with(mixed, [0; 3]), now).unwrap(), first);
+    // Over the gate: the least loaded.
+    let mut loads = [0; 3];
+    loads[other] = 100;
+    let spilled = r.pick(&input, &with(cached, loads), now).unwrap();
+    assert_ne!(spilled, other);
 }
 
 #[test]

@@ -9,7 +9,7 @@ pub(crate) fn urls(n: usize) -> Vec<String> {
 pub(crate) fn cands<'a>(urls: &'a [String], loads: &[usize]) -> Vec<Candidate<'a>> {
     urls.iter()
         .enumerate()
-        .map(|(i, u)| Candidate { url: u, load: loads.get(i).copied().unwrap_or(0), engine_load: None })
+        .map(|(i, u)| Candidate { url: u, load: loads.get(i).copied().unwrap_or(0), engine_load: None, cached: None })
         .collect()
 }
 

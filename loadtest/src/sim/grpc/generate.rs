@@ -36,6 +36,9 @@
 //! (`markup`); a model whose name holds `gpt-oss` answers in Harmony (its reasoning, then a
 //! call of `get_weather` when the prompt declares it, else a final answer).
 //!
+//! The prompt's prefix-cache lookup publishes what it stored and evicted as a KV event batch
+//! (`Worker::cache_prompt`, sim/kv_events.rs) before the request is admitted.
+//!
 //! A PD worker (`--pd-role`, protocol in pd/mod.rs, params read by `disagg`): a prefill answers
 //! one token (finish "length") once its prompt's prefill time is spent, when it also finishes
 //! the call's room on its bootstrap listener; a decode waits for the room's KV before its call
@@ -218,7 +221,7 @@ fn plan(w: &Worker, req: &GenerateRequest, handoff: Handoff) -> Result<Plan, Sta
     let truncate_after = truncate_after.map(|a| a.unwrap_or(length / 2).min(length));
     bump(&w.stats.inference, 1);
     let key = cache_key(ids, w.cache.borrow().bytes_per_token());
-    let cache = w.cache.borrow_mut().lookup_insert(&key);
+    let cache = w.cache_prompt(&key, Some(ids));
     bump(&w.stats.prompt_tokens, ids.len() as u64);
     bump(&w.stats.cached_tokens, cache.cached_tokens);
     Ok(Plan {

@@ -149,7 +149,7 @@ pub fn abort(w: &Worker, req: AbortRequest) -> Result<AbortResponse, Status> {
 }
 
 pub fn flush_cache(w: &Worker, _: FlushCacheRequest) -> Result<FlushCacheResponse, Status> {
-    w.cache.borrow_mut().flush();
+    w.flush_cache();
     Ok(FlushCacheResponse { success: true, message: "cache flushed".into() })
 }
 

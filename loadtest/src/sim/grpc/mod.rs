@@ -10,6 +10,7 @@
 //! - `generate`: the Generate call; `stream`: its response stream, whichever engine fills it;
 //! - `disagg`: a PD worker's part in it (`--pd-role`: `disaggregated_params`, the KV wait);
 //! - `info`: the unary RPCs; `bundle`: GetTokenizer's zip;
+//! - `subscribe`: SubscribeKvEvents, the prefix cache's changes as KV event batches;
 //! - `wire`: gRPC message framing and statuses; `rewind`: replay of the sniffed bytes;
 //! - `tokenizer`: the simulated model's tokenizer files and context window;
 //! - `llama`: `--llama-url`, Generate served by a real model on a llama.cpp server;
@@ -25,6 +26,7 @@ pub mod markup;
 pub mod rewind;
 pub mod server;
 pub mod stream;
+pub mod subscribe;
 pub mod tokenizer;
 pub mod wire;
 

@@ -10,7 +10,7 @@ use prost::Message;
 use smg_proto::paths::sglang_scheduler as path;
 
 use crate::sim::grpc::wire::{self, Code, Status};
-use crate::sim::grpc::{bundle, embed, generate, info};
+use crate::sim::grpc::{bundle, embed, generate, info, subscribe};
 use crate::sim::worker::{bump, Worker};
 
 /// Per-stream and per-connection receive windows: h2's 64 KiB defaults would make a gateway
@@ -73,6 +73,7 @@ async fn call(w: Rc<Worker>, path: String, mut body: RecvStream, respond: SendRe
         path::ABORT => unary(&mut body, respond, |r| info::abort(&w, r)).await,
         path::FLUSH_CACHE => unary(&mut body, respond, |r| info::flush_cache(&w, r)).await,
         path::GET_TOKENIZER => bundle::serve(body, respond).await,
+        path::SUBSCRIBE_KV_EVENTS => subscribe::serve(&w, body, respond).await,
         _ => wire::reject(respond, &Status::new(Code::UNIMPLEMENTED, format!("smg-sim does not serve {path}"))),
     }
 }

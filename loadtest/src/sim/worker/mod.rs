@@ -12,8 +12,9 @@ use crate::rng::Rng;
 use crate::sim::admission::Gate;
 use crate::sim::config::{FaultPlan, GrpcSpec, Runtime, Timing, WorkerSpec};
 use crate::sim::faults::Health;
+use crate::sim::kv_events::{self, KvEventLog};
 use crate::sim::pd::PdState;
-use crate::sim::prefix_cache::PrefixCache;
+use crate::sim::prefix_cache::{CacheResult, PrefixCache};
 use crate::sim::render::put_json_str;
 use crate::sync::Event;
 use grpc::GrpcState;
@@ -89,6 +90,8 @@ pub struct Worker {
     pub grpc: Option<GrpcSpec>,
     /// gRPC-only bookkeeping (requests in flight by id, aborts seen).
     pub grpc_state: GrpcState,
+    /// A gRPC worker's KV-cache events (`SubscribeKvEvents`); None on HTTP workers.
+    pub kv_events: Option<KvEventLog>,
     /// The prefill or decode role of a PD pair (--pd-role); None serves whole requests.
     pub(crate) pd: Option<PdState>,
 }
@@ -157,6 +160,7 @@ impl Worker {
             next_conn: Cell::new(0),
             grpc: spec.grpc.clone(),
             grpc_state: GrpcState::default(),
+            kv_events: spec.grpc.is_some().then(KvEventLog::default),
             pd: spec.pd.as_ref().map(PdState::new),
         })
     }
@@ -188,6 +192,31 @@ impl Worker {
         match self.gate.capacity_tokens() {
             0 => self.cache.borrow().capacity_tokens(),
             n => n,
+        }
+    }
+
+    /// Looks a prompt up in the prefix cache, storing its blocks (`key`: its cache bytes,
+    /// `bytes_per_token` per token); a gRPC worker publishes what that changed. `ids`: the
+    /// prompt's token ids; None (an HTTP prompt) reads them from the bytes.
+    pub fn cache_prompt(&self, key: &[u8], ids: Option<&[u32]>) -> CacheResult {
+        let Some(log) = &self.kv_events else { return self.cache.borrow_mut().lookup_insert(key) };
+        let mut changes = log.scratch.borrow_mut();
+        let mut cache = self.cache.borrow_mut();
+        let result = cache.lookup_insert_tracked(key, &mut changes);
+        let (bt, bpt) = (cache.block_tokens(), cache.bytes_per_token());
+        drop(cache);
+        log.publish_changes(&changes, bt, |i| match ids {
+            Some(ids) => ids[i * bt..(i + 1) * bt].to_vec(),
+            None => kv_events::ids_from_bytes(&key[i * bt * bpt..(i + 1) * bt * bpt], bpt),
+        });
+        result
+    }
+
+    /// Drops the whole prefix cache (a gRPC worker publishes that).
+    pub fn flush_cache(&self) {
+        self.cache.borrow_mut().flush();
+        if let Some(log) = &self.kv_events {
+            log.publish_cleared();
         }
     }
 

@@ -1,0 +1,102 @@
+//! One gRPC worker's KV-cache events: `SubscribeKvEvents` (SGLang's scheduler API), read as
+//! they come and handed to the events thread (thread.rs). A stream that ends or fails is
+//! subscribed again after a backoff, from the last sequence number the thread saw, so the
+//! engine replays what it published meanwhile.
+
+use std::time::Duration;
+
+use smg_proto::common::{KvEventBatch, SubscribeKvEventsRequest};
+use smg_proto::paths::sglang_scheduler as path;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::event::{from_proto, Batch};
+use crate::grpc::wire::{self, Code, Deframer, Status};
+use crate::workers::grpc_probe::connect;
+use crate::workers::WorkerUrl;
+
+/// What a feed tells the events thread about its worker (`url`: the registered base URL).
+#[derive(Debug)]
+pub enum Feed {
+    /// The stream is (again) open.
+    Up {
+        url: String,
+    },
+    Batch {
+        url: String,
+        seq: u64,
+        batch: Batch,
+    },
+    /// The stream ended or failed; the feed subscribes again after a backoff.
+    Down {
+        url: String,
+        why: String,
+    },
+}
+
+/// The backoff between subscriptions: doubling from the first to the last.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+/// Follows `url`'s events until the thread drops the receiver (or aborts the task).
+/// `resume_from` reads the last sequence number the thread applied, at each subscription.
+pub async fn follow(url: WorkerUrl, tx: UnboundedSender<Feed>, resume_from: impl Fn() -> u64) {
+    let name = url.url.clone();
+    let mut backoff = BACKOFF.0;
+    loop {
+        let from = resume_from();
+        let ended = subscribe(&url, &name, from, &tx, &mut backoff).await;
+        let why = match ended {
+            Ok(()) => "the stream ended".to_string(),
+            Err(s) => s.to_string(),
+        };
+        if tx.send(Feed::Down { url: name.clone(), why }).is_err() {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF.1);
+    }
+}
+
+/// One subscription, until its stream ends; a batch resets the backoff.
+async fn subscribe(
+    url: &WorkerUrl,
+    name: &str,
+    from: u64,
+    tx: &UnboundedSender<Feed>,
+    backoff: &mut Duration,
+) -> Result<(), Status> {
+    let send = connect(url).await?;
+    let mut ready = send.ready().await.map_err(wire::transport)?;
+    let (resp, mut body) =
+        ready.send_request(wire::request(&url.authority, path::SUBSCRIBE_KV_EVENTS), false).map_err(wire::transport)?;
+    let req = SubscribeKvEventsRequest { start_sequence_number: from, load_records_before_first_batch: false };
+    body.send_data(wire::frame(&req), true).map_err(wire::transport)?;
+    let resp = resp.await.map_err(wire::transport)?;
+    if let Some(Err(s)) = wire::status_of(resp.headers()) {
+        return Err(s);
+    }
+    let _ = tx.send(Feed::Up { url: name.to_string() });
+    let mut recv = resp.into_body();
+    let mut frames = Deframer::default();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.map_err(wire::transport)?;
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        frames.push(&chunk);
+        while let Some(m) = frames.next_message::<KvEventBatch>() {
+            let m = m?;
+            *backoff = BACKOFF.0;
+            // Numbered 0: load records only (never asked for).
+            if m.sequence_number == 0 {
+                continue;
+            }
+            let feed = Feed::Batch { url: name.to_string(), seq: m.sequence_number, batch: from_proto(&m) };
+            if tx.send(feed).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    match recv.trailers().await.map_err(wire::transport)?.as_ref().and_then(wire::status_of) {
+        Some(Err(s)) => Err(s),
+        _ if frames.pending() > 0 => Err(Status::new(Code::INTERNAL, "stream ended inside a message")),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,151 @@
+//! Which workers hold which blocks on the GPU, and how long a prefix of a request's block
+//! keys each one holds. A shard keeps one, changed only by [`Change`]s (keys.rs), so routing
+//! reads it without a lock; every shard that applies the same changes holds the same index.
+
+use ahash::{AHashMap, AHashSet};
+
+use super::keys::{BlockKey, Change};
+use crate::worker_id::WorkerId;
+
+#[derive(Debug, Default)]
+pub struct BlockIndex {
+    /// A key's holders (few: the workers of one model).
+    holders: AHashMap<BlockKey, Vec<WorkerId>>,
+    /// A worker's keys, for its clear.
+    keys: AHashMap<WorkerId, AHashSet<BlockKey>>,
+    /// Workers whose events flow, with their block size in tokens.
+    live: AHashMap<WorkerId, u32>,
+}
+
+/// What the events thread sends every shard: changes in the order they happened.
+#[derive(Debug, Default)]
+pub struct KvUpdate {
+    pub changes: Vec<(WorkerId, Change)>,
+}
+
+impl BlockIndex {
+    pub fn apply(&mut self, worker: WorkerId, c: Change) {
+        match c {
+            Change::Add(key) => {
+                if self.keys.entry(worker).or_default().insert(key) {
+                    self.holders.entry(key).or_default().push(worker);
+                }
+            }
+            Change::Drop(key) => {
+                if self.keys.get_mut(&worker).is_some_and(|k| k.remove(&key)) {
+                    self.unhold(key, worker);
+                }
+            }
+            Change::Clear => {
+                for key in self.keys.remove(&worker).unwrap_or_default() {
+                    self.unhold(key, worker);
+                }
+            }
+            Change::Live(block_size) => {
+                self.live.insert(worker, block_size.max(1));
+            }
+            Change::Stale => {
+                self.live.remove(&worker);
+            }
+        }
+    }
+
+    /// The block size of a worker whose events flow; None: route it by the gateway's guess.
+    pub fn live(&self, worker: WorkerId) -> Option<u32> {
+        self.live.get(&worker).copied()
+    }
+
+    /// Any worker's events flow.
+    pub fn any_live(&self) -> bool {
+        !self.live.is_empty()
+    }
+
+    fn unhold(&mut self, key: BlockKey, worker: WorkerId) {
+        if let Some(h) = self.holders.get_mut(&key) {
+            h.retain(|w| *w != worker);
+            if h.is_empty() {
+                self.holders.remove(&key);
+            }
+        }
+    }
+
+    /// For each of `candidates`, the number of `keys` from the first that it holds, in
+    /// `out` (same order). One lookup per key, until no candidate holds the next.
+    pub fn prefixes(&self, keys: &[BlockKey], candidates: &[WorkerId], out: &mut Vec<usize>) {
+        out.clear();
+        out.resize(candidates.len(), 0);
+        for (depth, key) in keys.iter().enumerate() {
+            let Some(holders) = self.holders.get(key) else { break };
+            let mut alive = false;
+            for (i, w) in candidates.iter().enumerate() {
+                // Still matching at this depth and holding this block: one deeper.
+                if out[i] == depth && holders.contains(w) {
+                    out[i] = depth + 1;
+                    alive = true;
+                }
+            }
+            if !alive {
+                break;
+            }
+        }
+    }
+
+    /// Blocks held, by anyone (metrics).
+    pub fn len(&self) -> usize {
+        self.holders.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty()
+    }
+
+    /// (worker, blocks it holds, its events flow) for every worker the events named.
+    pub fn per_worker(&self) -> Vec<(WorkerId, usize, bool)> {
+        let mut out: Vec<(WorkerId, usize, bool)> =
+            self.keys.iter().map(|(w, k)| (*w, k.len(), self.live.contains_key(w))).collect();
+        out.extend(self.live.keys().filter(|w| !self.keys.contains_key(w)).map(|w| (*w, 0, true)));
+        out
+    }
+
+    /// Blocks `worker` holds (metrics).
+    pub fn held_by(&self, worker: WorkerId) -> usize {
+        self.keys.get(&worker).map_or(0, |k| k.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::keys::request_keys;
+
+    #[test]
+    fn each_candidate_gets_its_own_prefix() {
+        let mut ix = BlockIndex::default();
+        let mut keys = Vec::new();
+        request_keys(&[1, 2, 3, 4, 5, 6, 7, 8], 2, 0, &mut keys);
+        let (a, b, c) = (WorkerId(0), WorkerId(1), WorkerId(2));
+        for k in &keys[..3] {
+            ix.apply(a, Change::Add(*k));
+        }
+        ix.apply(b, Change::Add(keys[0]));
+        // A hole: b's third block without its second is no prefix.
+        ix.apply(b, Change::Add(keys[2]));
+        let mut out = Vec::new();
+        ix.prefixes(&keys, &[a, b, c], &mut out);
+        assert_eq!(out, [3, 1, 0]);
+        ix.apply(a, Change::Drop(keys[1]));
+        ix.prefixes(&keys, &[a, b, c], &mut out);
+        assert_eq!(out, [1, 1, 0]);
+        ix.apply(a, Change::Clear);
+        ix.prefixes(&keys, &[a, b], &mut out);
+        assert_eq!(out, [0, 1]);
+        assert_eq!((ix.held_by(a), ix.held_by(b), ix.len()), (0, 2, 2));
+        ix.apply(b, Change::Add(keys[0]));
+        assert_eq!(ix.held_by(b), 2, "adding twice holds once");
+        assert_eq!(ix.live(b), None);
+        ix.apply(b, Change::Live(16));
+        assert_eq!((ix.live(b), ix.any_live()), (Some(16), true));
+        ix.apply(b, Change::Stale);
+        assert_eq!((ix.live(b), ix.held_by(b)), (None, 2), "a stale worker keeps its blocks");
+    }
+}

@@ -1,0 +1,25 @@
+//! KV-cache events: what the engines say they cached, for `cache_aware` to route on
+//! (issue 28). The pieces, in the order an event travels:
+//!
+//! - `event.rs`: one shape for every engine's events, decoded from vLLM's ZMQ msgpack
+//!   payloads (both layouts) and from SGLang's gRPC `KvEventBatch`.
+//! - `keys.rs`: the gateway's own key of a block (a chain hash of the token ids up to it, in
+//!   its LoRA's namespace) and, per worker, the map from the engine's block hashes to those
+//!   keys, which turns events into index changes. The engine's hash is never recomputed.
+//! - `index.rs`: which workers hold which keys on the GPU, and the longest prefix of a
+//!   request's keys each holds.
+//!
+//! - `grpc_feed.rs`: a gRPC worker's `SubscribeKvEvents` stream, resubscribed from its last
+//!   sequence number when it ends.
+//! - `thread.rs`: the events thread: follows the workers, applies their events, and sends
+//!   every shard the index changes (shard.rs applies them; `cache_aware` reads them through
+//!   each candidate's `cached` prefix).
+//!
+//! Not yet: HTTP workers' events over ZMQ (`--kv-events`), tokenizing HTTP requests for
+//! them, the precision metric.
+
+pub mod event;
+pub mod grpc_feed;
+pub mod index;
+pub mod keys;
+pub mod thread;

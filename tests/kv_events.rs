@@ -1,0 +1,123 @@
+//! Routing on the engines' KV-cache events through the binary, both drivers, against smg-sim
+//! gRPC workers publishing `SubscribeKvEvents`: a gateway that never routed a prompt sends
+//! it to the worker whose events say it holds the prefix, and two gateway processes agree;
+//! the index follows stores, evictions, a flush and a sequence gap, as the metrics show.
+
+// clippy.toml's house rules are the gateway's: a test's threads are not shards and may block.
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::Duration;
+
+use sonic_rs::{JsonValueTrait, Value};
+use support::sim::{grpc_gateway, Sim};
+use support::{both_drivers, free_port, metric, patience, post, wait_until, Gateway};
+
+const MODEL: &str = "sim-model";
+
+fn completion(prompt: &str) -> String {
+    format!(r#"{{"model":"{MODEL}","prompt":"{prompt}","max_tokens":1}}"#)
+}
+
+/// A prompt of many blocks, distinct from its first words on.
+fn prompt(i: usize) -> String {
+    format!("conversation number {i} begins here. {}", "the quick brown fox jumps over the lazy dog ".repeat(12))
+}
+
+/// A cache_aware gateway in front of `sims` with its metrics on a port of its own; returns
+/// it and that port once it follows every worker's events.
+fn following(legacy: bool, sims: &[&Sim], extra: &[&str]) -> (Gateway, u16) {
+    let mport = free_port();
+    let m = mport.to_string();
+    let mut args = vec!["--policy", "cache_aware", "--log-level", "debug", "--prometheus-host", "127.0.0.1"];
+    args.extend(["--prometheus-port", &m]);
+    args.extend_from_slice(extra);
+    let gw = grpc_gateway(legacy, sims, &args);
+    for s in sims {
+        let subscribed = format!("KV-cache events of {}: subscribed", s.grpc_url());
+        assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
+    }
+    (gw, mport)
+}
+
+/// The blocks `sim`'s cache holds now (16 tokens a block, the simulator's default).
+fn cached_blocks(sim: &Sim) -> u64 {
+    sim.stats()["cache_used_tokens"].as_u64().unwrap_or(0) / 16
+}
+
+/// Waits until every shard of the gateway whose metrics are on `mport` holds what `sim`'s
+/// cache holds, by its events.
+fn mirrors(mport: u16, sim: &Sim) -> bool {
+    let series = format!(r#"smg_kv_index_blocks{{worker="{}"}}"#, sim.grpc_url());
+    wait_until(patience(Duration::from_secs(10)), || metric(mport, &series) == Some(cached_blocks(sim) as f64))
+}
+
+fn routed(port: u16, body: &str) -> String {
+    let r = post(port, "/v1/completions", body, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-smg-routed-worker-id").unwrap_or_default().to_string()
+}
+
+/// Eight prompts warmed on two workers behind gateways of their own: two other gateways,
+/// which never routed them, each send every prompt's continuation to the worker that holds
+/// it (a guess would match all eight one time in 256), so they agree on each.
+#[test]
+fn warm_prefixes_go_where_the_events_say_and_replicas_agree() {
+    both_drivers(|legacy| {
+        let w = [Sim::start(MODEL, &["--grpc"]), Sim::start(MODEL, &["--grpc"])];
+        let (a, am) = following(legacy, &[&w[0], &w[1]], &[]);
+        let (b, bm) = following(legacy, &[&w[0], &w[1]], &[]);
+        let warm = [grpc_gateway(legacy, &[&w[0]], &[]), grpc_gateway(legacy, &[&w[1]], &[])];
+        for i in 0..8 {
+            assert_eq!(routed(warm[i % 2].port, &completion(&prompt(i))), w[i % 2].grpc_url());
+        }
+        for (gw, m) in [(&a, am), (&b, bm)] {
+            for s in &w {
+                assert!(mirrors(m, s), "gateway {} mirrors {}", gw.port, s.grpc_url());
+            }
+        }
+        for i in 0..8 {
+            let next = completion(&format!("{} and then", prompt(i)));
+            let want = w[i % 2].grpc_url();
+            assert_eq!((routed(a.port, &next), routed(b.port, &next)), (want.clone(), want), "prompt {i}");
+        }
+        let live = format!(r#"smg_kv_events_live{{worker="{}"}}"#, w[0].grpc_url());
+        assert_eq!(metric(am, &live), Some(1.0));
+    });
+}
+
+/// One worker with a small cache: its stores and evictions, a flush, and a gap in its
+/// sequence numbers (the gateway clears what it knew and rebuilds from what follows) all
+/// leave every shard's index equal to the cache.
+#[test]
+fn the_index_follows_stores_evictions_a_flush_and_a_gap() {
+    both_drivers(|legacy| {
+        // 64 blocks; a prompt is 26 (421 tokens): the third evicts the first's oldest blocks.
+        let w = Sim::start(MODEL, &["--grpc", "--cache-tokens", "1024"]);
+        let (gw, m) = following(legacy, &[&w], &[]);
+        for i in 0..5 {
+            routed(gw.port, &completion(&prompt(i)));
+            let series = format!(r#"smg_kv_index_blocks{{worker="{}"}}"#, w.grpc_url());
+            assert!(
+                mirrors(m, &w),
+                "after prompt {i}: gateway {:?}, sim {} blocks, {:?} prompt tokens",
+                metric(m, &series),
+                cached_blocks(&w),
+                w.stats()["prompt_tokens"]
+            );
+        }
+        let published = |s: &Value| s["kv_events"]["published"].as_u64().unwrap_or(0);
+        assert!(published(&w.stats()) >= 5);
+        w.control(r#"{"flush_cache":true}"#);
+        let series = format!(r#"smg_kv_index_blocks{{worker="{}"}}"#, w.grpc_url());
+        assert!(wait_until(patience(Duration::from_secs(10)), || metric(m, &series) == Some(0.0)), "cleared");
+        w.control(r#"{"kv_events_skip":5}"#);
+        routed(gw.port, &completion(&prompt(7)));
+        assert!(
+            wait_until(patience(Duration::from_secs(10)), || gw.log_has("rebuilding its blocks")),
+            "the gap is seen"
+        );
+        assert!(mirrors(m, &w), "rebuilt from the batch after the gap");
+    });
+}
