@@ -121,3 +121,29 @@ fn the_index_follows_stores_evictions_a_flush_and_a_gap() {
         assert!(mirrors(m, &w), "rebuilt from the batch after the gap");
     });
 }
+
+/// A publisher that restarts (a new engine on the same port, its sequence numbers from 1
+/// again): the gateway subscribes again, sees the sequence go back, and rebuilds the worker's
+/// blocks from the new engine's events instead of keeping the dead one's.
+#[test]
+fn a_restarted_publisher_is_rebuilt_not_trusted() {
+    both_drivers(|legacy| {
+        let w = Sim::start(MODEL, &["--grpc"]);
+        let (gw, m) = following(legacy, &[&w], &[]);
+        routed(gw.port, &completion(&prompt(0)));
+        routed(gw.port, &completion(&prompt(1)));
+        assert!(mirrors(m, &w));
+        let port = w.port;
+        w.die();
+        let w = Sim::start_on(port, MODEL, &["--grpc"]);
+        let again = format!("KV-cache events of {}: subscribed after sequence 2", w.grpc_url());
+        assert!(wait_until(patience(Duration::from_secs(15)), || gw.log_has(&again)), "subscribes again");
+        // Routable again (its health checks), then one prompt the new engine caches.
+        let body = completion(&prompt(2));
+        assert!(wait_until(patience(Duration::from_secs(15)), || post(gw.port, "/v1/completions", &body, &[]).status
+            == 200));
+        assert!(gw.log_has("rebuilding its blocks"), "the sequence went back");
+        assert_eq!(cached_blocks(&w), 26, "the new engine holds one prompt");
+        assert!(mirrors(m, &w), "the dead engine's blocks are gone");
+    });
+}

@@ -15,7 +15,11 @@ pub struct Sim {
 impl Sim {
     /// One simulated worker serving `model`, with extra smg-sim flags.
     pub fn start(model: &str, flags: &[&str]) -> Sim {
-        let port = free_port();
+        Self::start_on(free_port(), model, flags)
+    }
+
+    /// [`Sim::start`] on `port` (a worker restarted where a dead one was).
+    pub fn start_on(port: u16, model: &str, flags: &[&str]) -> Sim {
         let ports = port.to_string();
         let mut argv = vec!["smg-sim", "--ports", &ports, "--model", model, "--threads", "1"];
         argv.extend_from_slice(flags);
