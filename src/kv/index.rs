@@ -2,19 +2,60 @@
 //! keys each one holds. A shard keeps one, changed only by [`Change`]s (keys.rs), so routing
 //! reads it without a lock; every shard that applies the same changes holds the same index.
 
-use ahash::{AHashMap, AHashSet};
+use ahash::AHashMap;
 
 use super::keys::{BlockKey, Change};
 use crate::worker_id::WorkerId;
 
 #[derive(Debug, Default)]
 pub struct BlockIndex {
-    /// A key's holders (few: the workers of one model).
-    holders: AHashMap<BlockKey, Vec<WorkerId>>,
-    /// A worker's keys, for its clear.
-    keys: AHashMap<WorkerId, AHashSet<BlockKey>>,
+    /// A key's holders: the workers of one model, most often one, kept inline.
+    holders: AHashMap<BlockKey, Holders>,
+    /// Keys each worker holds (metrics). A clear walks `holders`: clears are rare, and a map
+    /// of each worker's keys would double the work of every store and eviction.
+    held: AHashMap<WorkerId, usize>,
     /// Workers whose events flow, with their block size in tokens.
     live: AHashMap<WorkerId, u32>,
+}
+
+/// The holders of one key: one inline (no allocation for the usual block), or a list.
+#[derive(Debug)]
+enum Holders {
+    One(WorkerId),
+    Many(Vec<WorkerId>),
+}
+
+impl Holders {
+    fn contains(&self, w: WorkerId) -> bool {
+        match self {
+            Holders::One(x) => *x == w,
+            Holders::Many(v) => v.contains(&w),
+        }
+    }
+
+    /// Adds `w`; false when it held the key already.
+    fn add(&mut self, w: WorkerId) -> bool {
+        if self.contains(w) {
+            return false;
+        }
+        match self {
+            Holders::One(x) => *self = Holders::Many(vec![*x, w]),
+            Holders::Many(v) => v.push(w),
+        }
+        true
+    }
+
+    /// Removes `w`: (it held the key, nobody holds it now).
+    fn remove(&mut self, w: WorkerId) -> (bool, bool) {
+        match self {
+            Holders::One(x) => (*x == w, *x == w),
+            Holders::Many(v) => {
+                let before = v.len();
+                v.retain(|x| *x != w);
+                (v.len() < before, v.is_empty())
+            }
+        }
+    }
 }
 
 /// What the events thread sends every shard: changes in the order they happened.
@@ -27,18 +68,32 @@ impl BlockIndex {
     pub fn apply(&mut self, worker: WorkerId, c: Change) {
         match c {
             Change::Add(key) => {
-                if self.keys.entry(worker).or_default().insert(key) {
-                    self.holders.entry(key).or_default().push(worker);
+                let added = match self.holders.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(mut h) => h.get_mut().add(worker),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(Holders::One(worker));
+                        true
+                    }
+                };
+                if added {
+                    *self.held.entry(worker).or_insert(0) += 1;
                 }
             }
             Change::Drop(key) => {
-                if self.keys.get_mut(&worker).is_some_and(|k| k.remove(&key)) {
-                    self.unhold(key, worker);
+                let Some(h) = self.holders.get_mut(&key) else { return };
+                let (held, empty) = h.remove(worker);
+                if empty {
+                    self.holders.remove(&key);
+                }
+                if held {
+                    if let Some(n) = self.held.get_mut(&worker) {
+                        *n -= 1;
+                    }
                 }
             }
             Change::Clear => {
-                for key in self.keys.remove(&worker).unwrap_or_default() {
-                    self.unhold(key, worker);
+                if self.held.remove(&worker).is_some_and(|n| n > 0) {
+                    self.holders.retain(|_, h| !h.remove(worker).1);
                 }
             }
             Change::Live(block_size) => {
@@ -60,15 +115,6 @@ impl BlockIndex {
         !self.live.is_empty()
     }
 
-    fn unhold(&mut self, key: BlockKey, worker: WorkerId) {
-        if let Some(h) = self.holders.get_mut(&key) {
-            h.retain(|w| *w != worker);
-            if h.is_empty() {
-                self.holders.remove(&key);
-            }
-        }
-    }
-
     /// For each of `candidates`, the number of `keys` from the first that it holds, in
     /// `out` (same order). One lookup per key, until no candidate holds the next.
     pub fn prefixes(&self, keys: &[BlockKey], candidates: &[WorkerId], out: &mut Vec<usize>) {
@@ -79,7 +125,7 @@ impl BlockIndex {
             let mut alive = false;
             for (i, w) in candidates.iter().enumerate() {
                 // Still matching at this depth and holding this block: one deeper.
-                if out[i] == depth && holders.contains(w) {
+                if out[i] == depth && holders.contains(*w) {
                     out[i] = depth + 1;
                     alive = true;
                 }
@@ -88,6 +134,14 @@ impl BlockIndex {
                 break;
             }
         }
+    }
+
+    /// (worker, blocks it holds, its events flow) for every worker the events named.
+    pub fn per_worker(&self) -> Vec<(WorkerId, usize, bool)> {
+        let mut out: Vec<(WorkerId, usize, bool)> =
+            self.held.iter().map(|(w, n)| (*w, *n, self.live.contains_key(w))).collect();
+        out.extend(self.live.keys().filter(|w| !self.held.contains_key(w)).map(|w| (*w, 0, true)));
+        out
     }
 
     /// Blocks held, by anyone (metrics).
@@ -99,17 +153,9 @@ impl BlockIndex {
         self.holders.is_empty()
     }
 
-    /// (worker, blocks it holds, its events flow) for every worker the events named.
-    pub fn per_worker(&self) -> Vec<(WorkerId, usize, bool)> {
-        let mut out: Vec<(WorkerId, usize, bool)> =
-            self.keys.iter().map(|(w, k)| (*w, k.len(), self.live.contains_key(w))).collect();
-        out.extend(self.live.keys().filter(|w| !self.keys.contains_key(w)).map(|w| (*w, 0, true)));
-        out
-    }
-
     /// Blocks `worker` holds (metrics).
     pub fn held_by(&self, worker: WorkerId) -> usize {
-        self.keys.get(&worker).map_or(0, |k| k.len())
+        self.held.get(&worker).copied().unwrap_or(0)
     }
 }
 
