@@ -139,6 +139,10 @@ pub struct LaunchArgs {
     pub worker_args: WorkerArgs,
     #[command(flatten)]
     pub pd: PdArgs,
+    /// An HTTP worker's KV-cache event publisher (ZMQ, vLLM's format), for cache_aware to
+    /// route on: WORKER_URL=tcp://HOST:PORT[;replay=tcp://HOST:PORT][;topic=TOPIC]. Repeatable.
+    #[arg(long, value_name = "WORKER_URL=ENDPOINT")]
+    pub kv_events: Vec<String>,
     /// Keep-alive client connections idle this long are closed.
     #[arg(long, default_value_t = 75)]
     pub client_idle_timeout_secs: u64,
@@ -459,6 +463,13 @@ impl LaunchArgs {
             workers.push(WorkerSpec::from_url(u));
         }
         workers.extend(self.pd.workers()?);
+        for v in &self.kv_events {
+            let (url, src) = crate::kv::source::KvEventsSource::parse_flag(v)?;
+            let w = workers.iter_mut().find(|w| w.url.trim_end_matches('/') == url);
+            let w =
+                w.ok_or_else(|| format!("--kv-events: {url} is not a worker (--worker-urls, --prefill, --decode)"))?;
+            w.kv_events = Some(src);
+        }
         let assignment_mode = match &self.assignment_mode {
             Some(m) => Some(m.parse().map_err(|e| format!("--assignment-mode: {e}"))?),
             None => None,

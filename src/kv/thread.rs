@@ -1,14 +1,15 @@
-//! The KV-cache events thread: one OS thread with a single-threaded tokio runtime (h2 and,
-//! later, ZMQ need one; never a shard). It follows every gRPC worker's events (grpc_feed.rs),
+//! The KV-cache events thread: one OS thread with a single-threaded tokio runtime (h2 and
+//! zeromq need one; never a shard). It follows every gRPC worker's events (grpc_feed.rs) and
+//! every HTTP worker's that declares a ZMQ publisher (zmq_feed.rs),
 //! keeps each worker's (each data-parallel rank's) [`Blocks`], and sends every shard the
 //! index changes they make, in order, as one [`KvUpdate`] per wakeup through an unbounded
 //! channel (a lost change would leave a shard's index wrong for good).
 //!
-//! Sequence numbers: a batch right after the last one applied continues; one at or below it
-//! on the same stream is a replayed duplicate and is skipped. After a resubscription the
-//! first batch decides: the next number continues; anything else (the engine restarted, or
-//! could not replay the gap) means this gateway no longer knows what the engine holds, so
-//! the worker's blocks are cleared and rebuilt from what follows. While a worker's stream is
+//! Sequence numbers: a batch right after the last one applied continues (the feeds ask for
+//! what they missed: a gRPC stream resubscribes from the last number, a ZMQ feed asks the
+//! replay socket). Anything else (the engine restarted, or could not replay a gap) means this
+//! gateway no longer knows what the engine holds, so the worker's blocks are cleared and
+//! rebuilt from what follows. While a worker's stream is
 //! down it is stale: routing falls back to the gateway's own guess for it.
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use tokio::sync::mpsc;
 use super::grpc_feed::{follow, Feed};
 use super::index::KvUpdate;
 use super::keys::{Blocks, Change};
+use super::source::KvEventsSource;
 use crate::worker_id::WorkerId;
 use crate::workers::snapshot::{Registry, Snapshot};
 use crate::workers::WorkerUrl;
@@ -42,13 +44,19 @@ pub fn start(registry: Registry, shards: Vec<flume::Sender<Arc<KvUpdate>>>) {
     }
 }
 
+/// Where a worker's events come from.
+#[derive(Debug, Clone, PartialEq)]
+enum Source {
+    Grpc(WorkerUrl),
+    Zmq(KvEventsSource),
+}
+
 /// One followed worker (its registered base URL).
 struct Followed {
+    source: Source,
     task: tokio::task::JoinHandle<()>,
     /// The last sequence number applied (0: none), read by the feed when it subscribes.
     last: Arc<AtomicU64>,
-    /// A subscription opened since the last batch: the next batch decides (module doc).
-    resumed: bool,
     /// Its ranks (None: not data-parallel), each a worker of the snapshot.
     ranks: HashMap<Option<u32>, Rank>,
 }
@@ -99,22 +107,28 @@ fn follow_workers(
     tx: &mpsc::UnboundedSender<Feed>,
     update: &mut KvUpdate,
 ) {
-    let mut now: HashMap<String, (WorkerUrl, HashMap<Option<u32>, WorkerId>)> = HashMap::new();
-    for w in snap.workers.iter().filter(|w| w.url.grpc) {
+    let mut now: HashMap<String, (Source, HashMap<Option<u32>, WorkerId>)> = HashMap::new();
+    for w in &snap.workers {
         let rank = w.meta.dp_rank;
         let base = match rank {
             Some(_) => w.url.url.rsplit_once('@').map_or(w.url.url.as_str(), |(b, _)| b),
             None => w.url.url.as_str(),
         };
-        let entry = now.entry(base.to_string()).or_insert_with(|| {
-            let mut url = w.url.clone();
-            url.url = base.to_string();
-            (url, HashMap::new())
-        });
-        entry.1.insert(rank, w.id);
+        let source = match (&w.meta.kv_events, w.url.grpc) {
+            (_, true) => {
+                let mut url = w.url.clone();
+                url.url = base.to_string();
+                Source::Grpc(url)
+            }
+            (Some(src), false) => Source::Zmq((**src).clone()),
+            (None, false) => continue,
+        };
+        now.entry(base.to_string()).or_insert_with(|| (source, HashMap::new())).1.insert(rank, w.id);
     }
     followed.retain(|base, f| {
-        let keep = now.get(base).is_some_and(|(_, ranks)| f.ranks.iter().all(|(r, x)| ranks.get(r) == Some(&x.id)));
+        let keep = now.get(base).is_some_and(|(source, ranks)| {
+            *source == f.source && f.ranks.iter().all(|(r, x)| ranks.get(r) == Some(&x.id))
+        });
         if !keep {
             f.task.abort();
             for r in f.ranks.values() {
@@ -123,23 +137,25 @@ fn follow_workers(
         }
         keep
     });
-    for (base, (url, ranks)) in now {
+    for (base, (source, ranks)) in now {
         if followed.contains_key(&base) {
             continue;
         }
         let last = Arc::new(AtomicU64::new(0));
         let seen = Arc::clone(&last);
-        let task = tokio::spawn(follow(url, tx.clone(), move || seen.load(Ordering::Relaxed)));
+        let task = match &source {
+            Source::Grpc(url) => tokio::spawn(follow(url.clone(), tx.clone(), move || seen.load(Ordering::Relaxed))),
+            Source::Zmq(src) => tokio::spawn(super::zmq_feed::follow(base.clone(), src.clone(), tx.clone())),
+        };
         let ranks = ranks.into_iter().map(|(r, id)| (r, Rank { id, blocks: Blocks::default(), live: false })).collect();
-        followed.insert(base, Followed { task, last, resumed: true, ranks });
+        followed.insert(base, Followed { source, task, last, ranks });
     }
 }
 
 fn apply(feed: Feed, followed: &mut HashMap<String, Followed>, update: &mut KvUpdate) {
     match feed {
         Feed::Up { url } => {
-            if let Some(f) = followed.get_mut(&url) {
-                f.resumed = true;
+            if let Some(f) = followed.get(&url) {
                 crate::debug!("KV-cache events of {url}: subscribed after sequence {}", f.last.load(Ordering::Relaxed));
             }
         }
@@ -154,11 +170,7 @@ fn apply(feed: Feed, followed: &mut HashMap<String, Followed>, update: &mut KvUp
         Feed::Batch { url, seq, batch } => {
             let Some(f) = followed.get_mut(&url) else { return };
             let last = f.last.load(Ordering::Relaxed);
-            let resumed = std::mem::replace(&mut f.resumed, false);
             if last != 0 && seq != last + 1 {
-                if !resumed && seq <= last {
-                    return;
-                }
                 // The engine restarted, or a gap it could not replay: start over.
                 crate::info!("KV-cache events of {url}: sequence {seq} after {last}; rebuilding its blocks");
                 for r in f.ranks.values_mut() {

@@ -319,6 +319,18 @@ fn info(b: &mut Vec<u8>, e: &Entry) {
         field(b, "kv_connector", false);
         put_str(b, k);
     }
+    if let Some(k) = &e.spec.kv_events {
+        field(b, "kv_events", false);
+        b.extend_from_slice(b"{\"endpoint\":");
+        put_str(b, &k.endpoint);
+        if let Some(r) = &k.replay {
+            b.extend_from_slice(b",\"replay_endpoint\":");
+            put_str(b, r);
+        }
+        b.extend_from_slice(b",\"topic\":");
+        put_str(b, &k.topic);
+        b.push(b'}');
+    }
     field(b, "connection_mode", false);
     put_str(b, if e.base.grpc { "grpc" } else { "http" });
     field(b, "runtime_type", false);
@@ -440,6 +452,12 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
     }
     if let Some(k) = string("kv_connector")? {
         spec.kv_connector = Some(k);
+    }
+    if let Some(k) = v.get("kv_events") {
+        spec.kv_events = match k.is_null() {
+            true => None,
+            false => Some(crate::kv::source::KvEventsSource::from_json(k)?),
+        };
     }
     if let Some(r) = string("runtime_type")?.or(string("runtime")?) {
         if !r.eq_ignore_ascii_case("unspecified") {

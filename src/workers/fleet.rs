@@ -67,6 +67,8 @@ pub struct WorkerSpec {
     /// The engine's KV connector as registered (`NixlConnector`, `MooncakeConnector`, …):
     /// shown, not acted on (the prefill's runtime says how a pair is driven).
     pub kv_connector: Option<String>,
+    /// Where an HTTP worker publishes its KV-cache events (ZMQ), if it does.
+    pub kv_events: Option<crate::kv::source::KvEventsSource>,
     pub runtime: Option<Runtime>,
     pub labels: Vec<(String, String)>,
     pub priority: u32,
@@ -143,6 +145,7 @@ impl Entry {
             dp_rank: self.dp_rank,
             grpc: self.grpc.clone(),
             role: super::snapshot::Role::of(&self.spec.worker_type, self.spec.bootstrap_port),
+            kv_events: self.spec.kv_events.clone().map(Arc::new),
         });
     }
 

@@ -47,6 +47,8 @@ pub struct WorkerMeta {
     pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
     /// Its part in prefill/decode disaggregation, if any.
     pub role: Role,
+    /// Where it publishes KV-cache events over ZMQ (HTTP workers; gRPC workers stream them).
+    pub kv_events: Option<Arc<crate::kv::source::KvEventsSource>>,
 }
 
 /// The part a worker plays: whole requests, or one leg of a prefill/decode pair. A prefill
