@@ -4,6 +4,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::sim::pd::{PdProtocol, PdRole, PdSpec};
 use crate::sim::profile::{Profile, DEFAULTS};
+use crate::sim::zmq_events::{self, ZmqFormat, ZmqSpec};
 
 /// Which engine's HTTP surface a simulated worker presents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -187,6 +188,27 @@ pub struct SimArgs {
     #[arg(long, requires = "grpc")]
     pub is_embedding: bool,
 
+    /// HTTP workers publish their prefix cache's changes as KV-cache events over ZMQ, in vLLM's
+    /// wire format (vLLM's and SGLang's `--kv-events-config`): a PUB socket bound at
+    /// `tcp://HOST:PORT`. With several workers (--ports, --worker), worker i (in the order
+    /// listed, --ports first) binds PORT+i; port 0 picks a free port for each. The `listening`
+    /// lines end with kv_events=ENDPOINT. Refused with --grpc (gRPC workers publish
+    /// SubscribeKvEvents).
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    pub kv_events_endpoint: Option<String>,
+    /// With --kv-events-endpoint: a ROUTER socket answering replay requests from a sequence
+    /// number (the last 4096 batches are kept). Worker i binds PORT+i, as above; listed as
+    /// kv_events_replay=ENDPOINT.
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    pub kv_events_replay_endpoint: Option<String>,
+    /// With --kv-events-endpoint: the topic, the first frame of every message [default: empty].
+    #[arg(long, value_name = "TOPIC")]
+    pub kv_events_topic: Option<String>,
+    /// With --kv-events-endpoint: events as vLLM's positional arrays, or as maps with their
+    /// fields by name [default: array].
+    #[arg(long, value_enum)]
+    pub kv_events_format: Option<ZmqFormat>,
+
     /// Prefill/decode disaggregation: every worker of this process is a prefill or a decode
     /// server of a PD pair, in its runtime's shape: sglang workers read bootstrap_host,
     /// bootstrap_port and bootstrap_room; vllm workers read and answer vLLM's
@@ -276,6 +298,8 @@ pub struct WorkerSpec {
     pub grpc: Option<GrpcSpec>,
     /// A prefill or decode server of a PD pair (--pd-role); None serves whole requests.
     pub pd: Option<PdSpec>,
+    /// KV-cache events over ZMQ (--kv-events-endpoint); None publishes none.
+    pub kv_events_zmq: Option<ZmqSpec>,
 }
 
 // === impl SimArgs ===
@@ -334,6 +358,7 @@ impl SimArgs {
             reported_load: None,
         };
         self.check_pd(&groups)?;
+        self.check_kv_events()?;
         let mut specs = Vec::new();
         for (ports, model, runtime) in groups {
             for port in ports {
@@ -371,10 +396,41 @@ impl SimArgs {
                     max_body: self.max_body,
                     grpc: None,
                     pd,
+                    kv_events_zmq: self.zmq_spec(specs.len())?,
                 });
             }
         }
         Ok(specs)
+    }
+
+    /// The KV events flags' rules: the others need --kv-events-endpoint, and --grpc workers
+    /// publish over SubscribeKvEvents instead.
+    fn check_kv_events(&self) -> Result<(), String> {
+        let others = self.kv_events_replay_endpoint.is_some()
+            || self.kv_events_topic.is_some()
+            || self.kv_events_format.is_some();
+        match (&self.kv_events_endpoint, self.grpc) {
+            (Some(_), true) => Err("--kv-events-endpoint is for HTTP workers: --grpc workers publish their KV events \
+                                    over SubscribeKvEvents"
+                .into()),
+            (None, _) if others => {
+                Err("--kv-events-replay-endpoint, --kv-events-topic and --kv-events-format need --kv-events-endpoint"
+                    .into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Worker `i`'s ZMQ publisher: the endpoints at PORT+i.
+    fn zmq_spec(&self, i: usize) -> Result<Option<ZmqSpec>, String> {
+        let Some(endpoint) = &self.kv_events_endpoint else { return Ok(None) };
+        Ok(Some(ZmqSpec {
+            endpoint: zmq_events::nth_endpoint(endpoint, i)?,
+            replay: self.kv_events_replay_endpoint.as_deref().map(|r| zmq_events::nth_endpoint(r, i)).transpose()?,
+            topic: self.kv_events_topic.clone().unwrap_or_default(),
+            format: self.kv_events_format.unwrap_or(ZmqFormat::Array),
+            sink: None,
+        }))
     }
 
     /// The PD flags' rules: with --grpc, SGLang's scheduler API of the simulator's own model
@@ -492,6 +548,59 @@ mod tests {
             &["--pd-role", "decode", "--bootstrap-port", "9000"],
             &["--bootstrap-port", "9000"],
             &["--pd-role", "prefill", "--ports", "1,2", "--bootstrap-port", "65535"],
+        ] {
+            let args = SimArgs::parse_from(["smg-sim"].iter().chain(bad));
+            assert!(args.worker_specs().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn kv_events_flags() {
+        use crate::sim::zmq_events::ZmqFormat;
+        let specs = SimArgs::parse_from([
+            "smg-sim",
+            "--ports",
+            "1,2",
+            "--worker",
+            "3:m:vllm",
+            "--kv-events-endpoint",
+            "tcp://127.0.0.1:5557",
+            "--kv-events-replay-endpoint",
+            "tcp://127.0.0.1:6000",
+            "--kv-events-topic",
+            "kv",
+            "--kv-events-format",
+            "map",
+        ])
+        .worker_specs()
+        .unwrap();
+        let got: Vec<_> = specs
+            .iter()
+            .map(|s| {
+                let z = s.kv_events_zmq.as_ref().unwrap();
+                (z.endpoint.as_str(), z.replay.as_deref(), z.topic.as_str(), z.format, z.sink.is_none())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("tcp://127.0.0.1:5557", Some("tcp://127.0.0.1:6000"), "kv", ZmqFormat::Map, true),
+                ("tcp://127.0.0.1:5558", Some("tcp://127.0.0.1:6001"), "kv", ZmqFormat::Map, true),
+                ("tcp://127.0.0.1:5559", Some("tcp://127.0.0.1:6002"), "kv", ZmqFormat::Map, true),
+            ]
+        );
+        let s =
+            &SimArgs::parse_from(["smg-sim", "--kv-events-endpoint", "tcp://127.0.0.1:0"]).worker_specs().unwrap()[0];
+        let z = s.kv_events_zmq.as_ref().unwrap();
+        assert_eq!((z.replay.as_deref(), z.topic.as_str(), z.format), (None, "", ZmqFormat::Array));
+        assert!(SimArgs::parse_from(["smg-sim"]).worker_specs().unwrap()[0].kv_events_zmq.is_none());
+        for bad in [
+            &["--grpc", "--kv-events-endpoint", "tcp://127.0.0.1:5557"][..],
+            &["--kv-events-topic", "kv"],
+            &["--kv-events-format", "map"],
+            &["--kv-events-replay-endpoint", "tcp://127.0.0.1:6000"],
+            &["--kv-events-endpoint", "ipc:///tmp/kv"],
+            &["--ports", "1,2", "--kv-events-endpoint", "tcp://127.0.0.1:65535"],
         ] {
             let args = SimArgs::parse_from(["smg-sim"].iter().chain(bad));
             assert!(args.worker_specs().is_err(), "{bad:?}");

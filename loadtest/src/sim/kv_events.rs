@@ -7,6 +7,8 @@
 //! Batches are numbered from 1 (`kv_events_skip` in /sim/control leaves a gap), event ids
 //! increase across batches, `dp_rank` is never set (the simulated DP ranks share one cache).
 //! A batch is encoded once, as a gRPC message frame, and shared by the log and every queue.
+//! (HTTP workers publish the same changes over ZMQ in vLLM's format: sim/zmq_events.rs, which
+//! shares [`stored_runs`] and [`ids_from_bytes`] with this module.)
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -18,7 +20,7 @@ use bytes::{Bytes, BytesMut};
 use smg_proto::common::kv_cache_event::Data;
 use smg_proto::common::{KvBlock, KvBlocksRemoved, KvBlocksStored, KvCacheCleared, KvCacheEvent, KvEventBatch};
 
-use crate::sim::prefix_cache::CacheChanges;
+use crate::sim::prefix_cache::{CacheChanges, StoredBlock};
 
 /// Batches kept for replay, and the most a subscriber may have queued (a queue holds the
 /// latest batches, so with this bound everything queued is also in the log: no extra memory).
@@ -250,29 +252,29 @@ pub fn change_events(c: &CacheChanges, block_tokens: usize, ids_of: impl Fn(usiz
         out.push(Data::Removed(KvBlocksRemoved { block_hashes, ..Default::default() }));
     }
     let block_size = i32::try_from(block_tokens).unwrap_or(i32::MAX);
-    let mut run: Option<KvBlocksStored> = None;
-    let mut next_index = 0;
-    for b in &c.stored {
-        let block = KvBlock { block_hash: b.key as i64, token_ids: ids_of(b.index), block_size, ..Default::default() };
-        match run.as_mut() {
-            Some(r) if b.index == next_index => r.blocks.push(block),
-            _ => {
-                out.extend(run.take().map(Data::Stored));
-                run = Some(KvBlocksStored {
-                    blocks: vec![block],
-                    parent_block_hash: b.parent.map(|p| p as i64),
-                    ..Default::default()
-                });
-            }
-        }
-        next_index = b.index + 1;
+    for run in stored_runs(&c.stored) {
+        let blocks = run
+            .iter()
+            .map(|b| KvBlock { block_hash: b.key as i64, token_ids: ids_of(b.index), block_size, ..Default::default() })
+            .collect();
+        out.push(Data::Stored(KvBlocksStored {
+            blocks,
+            parent_block_hash: run[0].parent.map(|p| p as i64),
+            ..Default::default()
+        }));
     }
-    out.extend(run.map(Data::Stored));
     out
 }
 
-/// Token ids of a prompt known only as bytes (an HTTP request on a --grpc port): each token's
-/// `bytes_per_token` bytes, the first four read as a little-endian id.
+/// The stored blocks of a lookup cut into runs of consecutive prompt blocks (each non-empty),
+/// in order: one stored event each, parented on its first block's parent.
+pub fn stored_runs(stored: &[StoredBlock]) -> impl Iterator<Item = &[StoredBlock]> {
+    stored.chunk_by(|a, b| b.index == a.index + 1)
+}
+
+/// Token ids of a prompt known only as bytes (an HTTP request on a --grpc port, any request on
+/// an HTTP worker publishing over ZMQ): each token's `bytes_per_token` bytes, the first four
+/// read as a little-endian id (fewer bytes than four: the high bytes are 0).
 pub fn ids_from_bytes(bytes: &[u8], bytes_per_token: usize) -> Vec<u32> {
     bytes
         .chunks(bytes_per_token.max(1))
@@ -291,7 +293,7 @@ fn now_secs() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::prefix_cache::{PrefixCache, StoredBlock};
+    use crate::sim::prefix_cache::PrefixCache;
     use prost::Message;
 
     fn decode(frame: &Bytes) -> KvEventBatch {

@@ -10,7 +10,8 @@
 //! With `--grpc` the ports speak SGLang's scheduler gRPC API instead (grpc/mod.rs). With
 //! `--pd-role` the workers are prefill or decode servers of PD pairs, in SGLang's or vLLM's shape
 //! by their runtime (pd/mod.rs); a prefill worker also binds its bootstrap port here, and its
-//! `listening` line says where.
+//! `listening` line says where. With `--kv-events-endpoint` HTTP workers publish their KV-cache
+//! events over ZMQ from a thread of their own (zmq_events.rs), bound before any worker starts.
 
 pub mod admission;
 pub mod bootstrap;
@@ -31,7 +32,9 @@ pub mod routes;
 pub mod systemone;
 pub mod timing;
 pub mod worker;
+pub mod zmq_events;
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::mpsc;
@@ -65,6 +68,9 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             });
         }
     }
+    // The KV events' ZMQ sockets are bound before any worker starts, so `ready` means a
+    // subscriber can connect.
+    let zmq = start_zmq(&mut specs)?;
     let threads = args.threads.clamp(1, specs.len());
     let cores = args.cores.as_deref().map(rt::parse_cores).transpose()?;
     let host: IpAddr = args.host.parse().map_err(|_| format!("bad --host {:?}", args.host))?;
@@ -92,6 +98,13 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         joins.push(join);
     }
     drop(tx);
+    // Only the workers hold their KV event channels now: a dead worker's ends, and the ZMQ
+    // thread closes its sockets.
+    for s in &mut specs {
+        if let Some(z) = s.kv_events_zmq.as_mut() {
+            z.sink = None;
+        }
+    }
     let mut bound: Vec<Bound> = Vec::new();
     for _ in 0..threads {
         match rx.recv() {
@@ -110,13 +123,55 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             (Some(pd), None) => format!(" role={}", pd.role.name()),
             (None, _) => String::new(),
         };
-        println!("listening {host}:{} model={} runtime={}{proto}{pd}", b.port, s.model, s.runtime.name());
+        let kv = match zmq.get(&b.index) {
+            Some(z) => match &z.replay {
+                Some(r) => format!(" kv_events={} kv_events_replay={r}", z.endpoint),
+                None => format!(" kv_events={}", z.endpoint),
+            },
+            None => String::new(),
+        };
+        println!("listening {host}:{} model={} runtime={}{proto}{pd}{kv}", b.port, s.model, s.runtime.name());
     }
     println!("ready driver={} threads={threads}", rt::driver_name());
     for j in joins {
         let _ = j.join();
     }
     Ok(())
+}
+
+/// Starts the ZMQ thread for the workers publishing KV events over ZMQ (none: no thread) and
+/// gives each its channel; returns where each one's sockets were bound, by spec index.
+fn start_zmq(specs: &mut [WorkerSpec]) -> Result<HashMap<usize, zmq_events::BoundEndpoints>, String> {
+    let mut bindings = Vec::new();
+    let mut publishing = Vec::new();
+    for (i, s) in specs.iter_mut().enumerate() {
+        if let Some(z) = s.kv_events_zmq.as_mut() {
+            let (tx, rx) = flume::bounded(zmq_events::CHANNEL_BATCHES);
+            z.sink = Some(tx);
+            bindings.push(zmq_events::Binding {
+                endpoint: z.endpoint.clone(),
+                replay: z.replay.clone(),
+                topic: z.topic.clone(),
+                format: z.format,
+                batches: rx,
+            });
+            publishing.push(i);
+        }
+    }
+    if bindings.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let bound = zmq_events::start(bindings)?;
+    let mut out = HashMap::new();
+    for (i, at) in publishing.into_iter().zip(bound) {
+        if let Some(z) = specs[i].kv_events_zmq.as_mut() {
+            // The ports bound (a port 0 resolved), for /sim/stats.
+            z.endpoint.clone_from(&at.endpoint);
+            z.replay.clone_from(&at.replay);
+        }
+        out.insert(i, at);
+    }
+    Ok(out)
 }
 
 /// A worker's bound ports, reported by its thread for the `listening` lines.

@@ -5,8 +5,8 @@
 //! entire prefix up to that block and a hit run always starts at the first block.
 //!
 //! `lookup_insert_tracked` also reports what the lookup changed (blocks stored, blocks
-//! evicted), for a gRPC worker's KV events (sim/kv_events.rs); `lookup_insert` pays nothing
-//! for that.
+//! evicted), for a worker's KV events (a gRPC worker's in sim/kv_events.rs, an HTTP worker's
+//! over ZMQ in sim/zmq_events.rs); `lookup_insert` pays nothing for that.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

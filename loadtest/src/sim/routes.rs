@@ -379,8 +379,8 @@ pub fn stats_body(w: &Worker) -> String {
     if w.grpc.is_some() {
         let _ = write!(out, ",\"grpc\":{}", w.grpc_state.stats_json());
     }
-    if let Some(log) = &w.kv_events {
-        let _ = write!(out, ",\"kv_events\":{}", log.stats_json());
+    if let Some(kv) = w.kv_events_stats() {
+        let _ = write!(out, ",\"kv_events\":{kv}");
     }
     let _ = write!(
         out,
@@ -406,8 +406,8 @@ pub fn stats_body(w: &Worker) -> String {
         w.gate.capacity_tokens(),
         w.profile.map_or_else(|| "null".to_string(), |p| format!("\"{p}\"")),
     );
-    if let Some(log) = &w.kv_events {
-        let _ = write!(out, ",\"kv_events_skip\":{}", log.pending_skip());
+    if let Some(skip) = w.kv_events_pending_skip() {
+        let _ = write!(out, ",\"kv_events_skip\":{skip}");
     }
     out.push_str("}}");
     out
@@ -462,8 +462,10 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
             "truncate_after_tokens" => f.truncate_after_tokens = opt_u64()?.map(|n| n as u32),
             "die_after" => f.die_after = opt_u64()?,
             "accept_delay_ms" => f.accept_delay_ms = num()? as u64,
-            "kv_events_skip" if w.kv_events.is_none() => {
-                return Err("kv_events_skip: only --grpc workers publish KV events".into())
+            "kv_events_skip" if w.kv_events_pending_skip().is_none() => {
+                return Err(
+                    "kv_events_skip: this worker publishes no KV events (--grpc, or --kv-events-endpoint)".into()
+                )
             }
             "kv_events_skip" => {
                 kv_skip = Some(v.as_u64().ok_or("kv_events_skip must be a non-negative integer")?);
@@ -480,8 +482,8 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
         w.health.set_flap(ms);
     }
     // Before the flush, so a body with both numbers the flush's batch past the gap.
-    if let (Some(n), Some(log)) = (kv_skip, &w.kv_events) {
-        log.skip(n);
+    if let Some(n) = kv_skip {
+        w.skip_kv_events(n);
     }
     if flush {
         w.flush_cache();
@@ -712,9 +714,63 @@ mod tests {
         assert_eq!((kv["subscribers"].as_u64(), st["settings"]["kv_events_skip"].as_u64()), (Some(1), Some(0)));
         call(&w, Route::FlushCache, "");
         assert_eq!((log.last_sequence(), sub.queued()), (6, 3));
-        // HTTP workers have neither the knob nor the stats.
+        // HTTP workers without --kv-events-endpoint have neither the knob nor the stats.
         let http = worker(&[]);
         assert_eq!(call(&http, Route::SimControl, r#"{"kv_events_skip":1}"#).0, 400);
         assert!(call(&http, Route::SimStats, "").1.get("kv_events").is_none());
+    }
+
+    #[test]
+    fn zmq_kv_events_knob_and_stats() {
+        use crate::sim::zmq_events::Event;
+        let args = SimArgs::parse_from([
+            "smg-sim",
+            "--ports",
+            "1",
+            "--block-tokens",
+            "2",
+            "--bytes-per-token",
+            "2",
+            "--kv-events-endpoint",
+            "tcp://127.0.0.1:5557",
+        ]);
+        let mut spec = args.worker_specs().unwrap().remove(0);
+        let (tx, rx) = flume::bounded(16);
+        spec.kv_events_zmq.as_mut().unwrap().sink = Some(tx);
+        let w = Worker::new(&spec, 1);
+        drop(spec);
+        let st = call(&w, Route::SimStats, "").1;
+        let kv = &st["kv_events"];
+        assert_eq!((kv["published"].as_u64(), kv["dropped"].as_u64()), (Some(0), Some(0)));
+        assert!(kv["last_sequence"].is_null());
+        assert_eq!(kv["endpoint"].as_str(), Some("tcp://127.0.0.1:5557"));
+        assert_eq!(st["settings"]["kv_events_skip"].as_u64(), Some(0));
+        // The prompt's cache bytes are its raw JSON, `"abcdefghi"`: two whole blocks of 4
+        // bytes (the last 3 bytes are no block), ids read 2 bytes each, little-endian.
+        let body = br#"{"prompt":"abcdefghi"}"#;
+        let action = dispatch(&w, Route::Infer(Api::Completions), true, body, true, &mut Vec::new());
+        assert!(matches!(action, Action::Generate(_)), "{action:?}");
+        let b = rx.try_recv().unwrap();
+        assert_eq!(b.seq, 0);
+        let Event::Stored { token_ids, parent, block_size, block_hashes } = &b.events[0] else { panic!("{b:?}") };
+        let id = |s: &[u8]| u32::from(s[0]) | u32::from(s[1]) << 8;
+        assert_eq!(token_ids, &[id(b"\"a"), id(b"bc"), id(b"de"), id(b"fg")]);
+        assert_eq!((*parent, *block_size, block_hashes.len()), (None, 2, 2));
+        // The skip numbers the flush's batch past the gap.
+        let (_, st) = call(&w, Route::SimControl, r#"{"kv_events_skip":3,"flush_cache":true}"#);
+        assert_eq!(
+            (st["kv_events"]["last_sequence"].as_u64(), st["settings"]["kv_events_skip"].as_u64()),
+            (Some(4), Some(0))
+        );
+        let b = rx.try_recv().unwrap();
+        assert_eq!((b.seq, b.events.as_slice()), (4, &[Event::Cleared][..]));
+        call(&w, Route::FlushCache, "");
+        assert_eq!(rx.try_recv().unwrap().seq, 5);
+        assert_eq!(call(&w, Route::SimStats, "").1["kv_events"]["published"].as_u64(), Some(3));
+        // A dead worker publishes nothing more: its sockets close.
+        w.die();
+        w.flush_cache();
+        assert!(rx.try_recv().is_err());
+        assert!(rx.is_disconnected());
     }
 }

@@ -16,6 +16,7 @@ use crate::sim::kv_events::{self, KvEventLog};
 use crate::sim::pd::PdState;
 use crate::sim::prefix_cache::{CacheResult, PrefixCache};
 use crate::sim::render::put_json_str;
+use crate::sim::zmq_events::{BoundEndpoints, ZmqPublisher};
 use crate::sync::Event;
 use grpc::GrpcState;
 
@@ -92,6 +93,8 @@ pub struct Worker {
     pub grpc_state: GrpcState,
     /// A gRPC worker's KV-cache events (`SubscribeKvEvents`); None on HTTP workers.
     pub kv_events: Option<KvEventLog>,
+    /// An HTTP worker's KV-cache events over ZMQ (--kv-events-endpoint); None without.
+    pub zmq_events: Option<ZmqPublisher>,
     /// The prefill or decode role of a PD pair (--pd-role); None serves whole requests.
     pub(crate) pd: Option<PdState>,
 }
@@ -161,6 +164,10 @@ impl Worker {
             grpc: spec.grpc.clone(),
             grpc_state: GrpcState::default(),
             kv_events: spec.grpc.is_some().then(KvEventLog::default),
+            zmq_events: spec.kv_events_zmq.as_ref().and_then(|z| {
+                let at = BoundEndpoints { endpoint: z.endpoint.clone(), replay: z.replay.clone() };
+                z.sink.clone().map(|sink| ZmqPublisher::new(sink, at))
+            }),
             pd: spec.pd.as_ref().map(PdState::new),
         })
     }
@@ -196,27 +203,70 @@ impl Worker {
     }
 
     /// Looks a prompt up in the prefix cache, storing its blocks (`key`: its cache bytes,
-    /// `bytes_per_token` per token); a gRPC worker publishes what that changed. `ids`: the
-    /// prompt's token ids; None (an HTTP prompt) reads them from the bytes.
+    /// `bytes_per_token` per token); a worker publishing KV events (gRPC, or ZMQ) publishes
+    /// what that changed. `ids`: the prompt's token ids; None (an HTTP prompt) reads them from
+    /// the bytes ([`kv_events::ids_from_bytes`]).
     pub fn cache_prompt(&self, key: &[u8], ids: Option<&[u32]>) -> CacheResult {
-        let Some(log) = &self.kv_events else { return self.cache.borrow_mut().lookup_insert(key) };
-        let mut changes = log.scratch.borrow_mut();
+        let scratch = match (&self.kv_events, &self.zmq_events) {
+            (Some(log), _) => &log.scratch,
+            (None, Some(z)) => &z.scratch,
+            (None, None) => return self.cache.borrow_mut().lookup_insert(key),
+        };
+        let mut changes = scratch.borrow_mut();
         let mut cache = self.cache.borrow_mut();
         let result = cache.lookup_insert_tracked(key, &mut changes);
         let (bt, bpt) = (cache.block_tokens(), cache.bytes_per_token());
         drop(cache);
-        log.publish_changes(&changes, bt, |i| match ids {
+        let ids_of = |i: usize| match ids {
             Some(ids) => ids[i * bt..(i + 1) * bt].to_vec(),
             None => kv_events::ids_from_bytes(&key[i * bt * bpt..(i + 1) * bt * bpt], bpt),
-        });
+        };
+        if let Some(log) = &self.kv_events {
+            log.publish_changes(&changes, bt, ids_of);
+        }
+        if let Some(z) = &self.zmq_events {
+            z.publish_changes(&changes, bt, ids_of);
+        }
         result
     }
 
-    /// Drops the whole prefix cache (a gRPC worker publishes that).
+    /// Drops the whole prefix cache (a worker publishing KV events publishes that).
     pub fn flush_cache(&self) {
         self.cache.borrow_mut().flush();
         if let Some(log) = &self.kv_events {
             log.publish_cleared();
+        }
+        if let Some(z) = &self.zmq_events {
+            z.publish_cleared();
+        }
+    }
+
+    /// `kv_events_skip`: the next KV event batch is numbered `n` higher than it would be;
+    /// false when the worker publishes no KV events.
+    pub fn skip_kv_events(&self, n: u64) -> bool {
+        match (&self.kv_events, &self.zmq_events) {
+            (Some(log), _) => log.skip(n),
+            (None, Some(z)) => z.skip(n),
+            (None, None) => return false,
+        }
+        true
+    }
+
+    /// The `kv_events_skip` not yet applied; None when the worker publishes no KV events.
+    pub fn kv_events_pending_skip(&self) -> Option<u64> {
+        match (&self.kv_events, &self.zmq_events) {
+            (Some(log), _) => Some(log.pending_skip()),
+            (None, Some(z)) => Some(z.pending_skip()),
+            (None, None) => None,
+        }
+    }
+
+    /// The `"kv_events"` member of /sim/stats; None when the worker publishes no KV events.
+    pub fn kv_events_stats(&self) -> Option<String> {
+        match (&self.kv_events, &self.zmq_events) {
+            (Some(log), _) => Some(log.stats_json()),
+            (None, Some(z)) => Some(z.stats_json()),
+            (None, None) => None,
         }
     }
 
@@ -239,7 +289,8 @@ impl Worker {
         self.accept_cancel.borrow().handle()
     }
 
-    /// Dies: the accept loop stops (the port closes) and every open connection is shut down.
+    /// Dies: the accept loop stops (the port closes), every open connection is shut down and
+    /// the KV events' ZMQ sockets close.
     ///
     /// Connections in the middle of a stream are cut there: shutdown sends the peer FIN at once
     /// (it sees a chunked body without its last chunk), and the task's next write fails, so the
@@ -253,6 +304,9 @@ impl Worker {
     #[allow(unsafe_code)]
     pub fn die_except(&self, spare: Option<u64>) {
         self.died.fire();
+        if let Some(z) = &self.zmq_events {
+            z.close();
+        }
         let accept = std::mem::take(&mut *self.accept_cancel.borrow_mut());
         drop(accept.cancel());
         let mut conns = self.conns.borrow_mut();
