@@ -147,3 +147,101 @@ fn a_restarted_publisher_is_rebuilt_not_trusted() {
         assert!(mirrors(m, &w), "the dead engine's blocks are gone");
     });
 }
+
+/// Token ids of a completions `prompt` as smg-sim's HTTP workers count them (its raw JSON
+/// text, 4 bytes to an id, little-endian), for `X-SMG-Routing-Tokens`.
+fn sim_ids(prompt: &str) -> String {
+    let raw = sonic_rs::to_string(prompt).unwrap();
+    let ids = smg_loadtest::sim::kv_events::ids_from_bytes(raw.as_bytes(), 4);
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// HTTP workers publishing over ZMQ (vLLM's format, with a replay socket): two gateways that
+/// never routed eight prompts each send every continuation, its token ids in
+/// `X-SMG-Routing-Tokens`, to the worker whose events say it holds the prompt; `/workers`
+/// shows each worker's publisher.
+#[test]
+fn http_workers_events_over_zmq_route_hinted_prompts() {
+    both_drivers(|legacy| {
+        let zmq = ["--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0"];
+        let w = [Sim::start("m", &zmq), Sim::start("m", &zmq)];
+        let endpoint = |s: &Sim, k: &str| s.stats()["kv_events"][k].as_str().unwrap_or_default().to_string();
+        let flags: Vec<String> = w
+            .iter()
+            .map(|s| format!("{}={};replay={}", s.url(), endpoint(s, "endpoint"), endpoint(s, "replay_endpoint")))
+            .collect();
+        let start = || {
+            let mport = free_port().to_string();
+            let (u0, u1) = (w[0].url(), w[1].url());
+            let args = [
+                "--worker-urls",
+                &u0,
+                &u1,
+                "--policy",
+                "cache_aware",
+                "--kv-events",
+                &flags[0],
+                "--kv-events",
+                &flags[1],
+                "--cores",
+                "2",
+                "--log-level",
+                "debug",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &mport,
+            ];
+            let gw = Gateway::start(legacy, &args);
+            gw.ready_workers(2);
+            for s in &w {
+                let subscribed = format!("KV-cache events of {}: subscribed", s.url());
+                assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
+            }
+            (gw, mport.parse::<u16>().unwrap())
+        };
+        let (a, am) = start();
+        let (b, bm) = start();
+        let shown = support::get(a.port, "/workers").text();
+        assert!(shown.contains(&format!(r#""endpoint":"{}""#, endpoint(&w[0], "endpoint"))), "{shown}");
+        let warm = [
+            Gateway::start(legacy, &["--worker-urls", &w[0].url()]),
+            Gateway::start(legacy, &["--worker-urls", &w[1].url()]),
+        ];
+        for g in &warm {
+            g.ready_workers(1);
+        }
+        let long = |i: usize| format!("{} {}", prompt(i), "and a few more words to fill the blocks ".repeat(4));
+        for i in 0..8 {
+            let r = post(
+                warm[i % 2].port,
+                "/v1/completions",
+                &format!(r#"{{"model":"m","prompt":"{}","max_tokens":1}}"#, long(i)),
+                &[],
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        for m in [am, bm] {
+            for s in &w {
+                let series = format!(r#"smg_kv_index_blocks{{worker="{}"}}"#, s.url());
+                let want = cached_blocks(s) as f64;
+                assert!(
+                    wait_until(patience(Duration::from_secs(10)), || metric(m, &series) == Some(want)),
+                    "{series}: {:?} against {want}",
+                    metric(m, &series)
+                );
+            }
+        }
+        for i in 0..8 {
+            let next = format!("{} and then", long(i));
+            let body = format!(r#"{{"model":"m","prompt":"{next}","max_tokens":1}}"#);
+            let hint = format!("X-SMG-Routing-Tokens: {}", sim_ids(&next));
+            let route = |port: u16| {
+                let r = post(port, "/v1/completions", &body, &[&hint]);
+                assert_eq!(r.status, 200, "{}", r.text());
+                r.header("x-smg-routed-worker-id").unwrap_or_default().to_string()
+            };
+            assert_eq!((route(a.port), route(b.port)), (w[i % 2].url(), w[i % 2].url()), "prompt {i}");
+        }
+    });
+}

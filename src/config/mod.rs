@@ -464,7 +464,7 @@ impl LaunchArgs {
         }
         workers.extend(self.pd.workers()?);
         for v in &self.kv_events {
-            let (url, src) = crate::kv::source::KvEventsSource::parse_flag(v)?;
+            let (url, src) = crate::workers::kv_events_source::KvEventsSource::parse_flag(v)?;
             let w = workers.iter_mut().find(|w| w.url.trim_end_matches('/') == url);
             let w =
                 w.ok_or_else(|| format!("--kv-events: {url} is not a worker (--worker-urls, --prefill, --decode)"))?;

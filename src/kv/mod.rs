@@ -11,8 +11,8 @@
 //!
 //! - `grpc_feed.rs`: a gRPC worker's `SubscribeKvEvents` stream, resubscribed from its last
 //!   sequence number when it ends.
-//! - `zmq_feed.rs`: an HTTP worker's events over ZMQ (`source.rs`: where it publishes),
-//!   with vLLM's replay of missed batches.
+//! - `zmq_feed.rs`: an HTTP worker's events over ZMQ (where it publishes is part of its
+//!   registration: workers/kv_events_source.rs), with vLLM's replay of missed batches.
 //! - `thread.rs`: the events thread: follows the workers, applies their events, and sends
 //!   every shard the index changes (shard.rs applies them; `cache_aware` reads them through
 //!   each candidate's `cached` prefix).
@@ -24,6 +24,5 @@ pub mod event;
 pub mod grpc_feed;
 pub mod index;
 pub mod keys;
-pub mod source;
 pub mod thread;
 pub mod zmq_feed;

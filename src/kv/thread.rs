@@ -22,8 +22,8 @@ use tokio::sync::mpsc;
 use super::grpc_feed::{follow, Feed};
 use super::index::KvUpdate;
 use super::keys::{Blocks, Change};
-use super::source::KvEventsSource;
 use crate::worker_id::WorkerId;
+use crate::workers::kv_events_source::KvEventsSource;
 use crate::workers::snapshot::{Registry, Snapshot};
 use crate::workers::WorkerUrl;
 

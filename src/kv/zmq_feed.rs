@@ -3,7 +3,8 @@
 //! big-endian), msgpack payload]`. A gap in the sequence asks the replay socket (a ROUTER)
 //! for what was missed, as vLLM's replay protocol defines: `[empty, first missing sequence]`
 //! goes out, `[empty, sequence, payload]` batches come back, ending with sequence -1. What
-//! replay cannot return is passed on as a jump, and the events thread rebuilds the worker.
+//! replay cannot return is passed on as a jump, and the events thread rebuilds the worker. A
+//! feed that joins a publisher already counting asks for what it sent before, from 0.
 //! A socket that fails is opened again after a backoff.
 
 use std::time::Duration;
@@ -14,7 +15,7 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage
 
 use super::event::from_msgpack;
 use super::grpc_feed::Feed;
-use super::source::KvEventsSource;
+use crate::workers::kv_events_source::KvEventsSource;
 
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
@@ -57,12 +58,16 @@ async fn subscribe(
         let m = sub.recv().await.map_err(|e| format!("receive: {e}"))?;
         *backoff = BACKOFF.0;
         let Some((seq, payload)) = batch_of(&m, 1) else { continue };
-        if let (Some(l), Some(replay)) = (*last, &src.replay) {
-            if seq > l + 1 {
-                for (s, p) in replayed(replay, l + 1, seq).await {
-                    if !pass(url, s, &p, tx, last) {
-                        return Ok(());
-                    }
+        // Missed: after the last one passed on, or, on joining, what the publisher sent
+        // before (its sequence starts at 0).
+        let missed_from = match *last {
+            Some(l) => l + 1,
+            None => 0,
+        };
+        if let Some(replay) = src.replay.as_ref().filter(|_| seq > missed_from) {
+            for (s, p) in replayed(replay, missed_from, seq).await {
+                if !pass(url, s, &p, tx, last) {
+                    return Ok(());
                 }
             }
         }

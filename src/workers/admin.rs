@@ -456,7 +456,7 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
     if let Some(k) = v.get("kv_events") {
         spec.kv_events = match k.is_null() {
             true => None,
-            false => Some(crate::kv::source::KvEventsSource::from_json(k)?),
+            false => Some(crate::workers::kv_events_source::KvEventsSource::from_json(k)?),
         };
     }
     if let Some(r) = string("runtime_type")?.or(string("runtime")?) {

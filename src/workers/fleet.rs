@@ -68,7 +68,7 @@ pub struct WorkerSpec {
     /// shown, not acted on (the prefill's runtime says how a pair is driven).
     pub kv_connector: Option<String>,
     /// Where an HTTP worker publishes its KV-cache events (ZMQ), if it does.
-    pub kv_events: Option<crate::kv::source::KvEventsSource>,
+    pub kv_events: Option<crate::workers::kv_events_source::KvEventsSource>,
     pub runtime: Option<Runtime>,
     pub labels: Vec<(String, String)>,
     pub priority: u32,

@@ -7,6 +7,7 @@ pub mod breaker;
 pub mod control;
 pub mod fleet;
 pub mod grpc_probe;
+pub mod kv_events_source;
 pub mod probe;
 pub mod snapshot;
 mod sockets;

@@ -48,7 +48,7 @@ pub struct WorkerMeta {
     /// Its part in prefill/decode disaggregation, if any.
     pub role: Role,
     /// Where it publishes KV-cache events over ZMQ (HTTP workers; gRPC workers stream them).
-    pub kv_events: Option<Arc<crate::kv::source::KvEventsSource>>,
+    pub kv_events: Option<Arc<crate::workers::kv_events_source::KvEventsSource>>,
 }
 
 /// The part a worker plays: whole requests, or one leg of a prefill/decode pair. A prefill
