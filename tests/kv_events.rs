@@ -156,7 +156,7 @@ fn sim_ids(prompt: &str) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// HTTP workers publishing over ZMQ (vLLM's format, with a replay socket): two gateways that
+/// HTTP workers publishing over ZMQ (vLLM's format, both event shapes, with a replay socket): two gateways that
 /// never routed eight prompts each send every continuation, its token ids in
 /// `X-SMG-Routing-Tokens`, to the worker whose events say it holds the prompt; `/workers`
 /// shows each worker's publisher.
@@ -164,7 +164,9 @@ fn sim_ids(prompt: &str) -> String {
 fn http_workers_events_over_zmq_route_hinted_prompts() {
     both_drivers(|legacy| {
         let zmq = ["--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0"];
-        let w = [Sim::start("m", &zmq), Sim::start("m", &zmq)];
+        // One publishes positional events, the other events by name: both shapes engines send.
+        let by_name: Vec<&str> = zmq.iter().copied().chain(["--kv-events-format", "map"]).collect();
+        let w = [Sim::start("m", &zmq), Sim::start("m", &by_name)];
         let endpoint = |s: &Sim, k: &str| s.stats()["kv_events"][k].as_str().unwrap_or_default().to_string();
         let flags: Vec<String> = w
             .iter()
