@@ -71,6 +71,11 @@ pub const MAX_DIGEST_BYTES: usize = 32 << 20;
 /// apart, cheap on a 200 KB prompt, and stable as a conversation grows past it.
 const TIE_KEY_ELEMS: usize = 4096;
 
+/// The head of a prompt that places it when no worker holds it and the engines' events
+/// drive routing: four 16-token blocks, so conversations that share a system prompt land
+/// where its blocks will be.
+const COLD_HEAD_ELEMS: usize = 64;
+
 /// One routed insert, as replayed by peers.
 #[derive(Debug, Clone)]
 pub(crate) struct DigestRecord {
@@ -333,7 +338,15 @@ fn decide<T: Elem>(
                 }
             }
         }
-        return (least_loaded_by_key(cands, &view.url_hash, tie_key, 0..cands.len()).unwrap_or(0), false);
+        // Cold (no worker holds it), or its holder over the gate: the first worker in the
+        // rendezvous order of the prompt's first blocks that is not over the gate. Replicas
+        // see different loads, but while no worker is over the gate they all place a new
+        // conversation on the same worker, and its events take over from there.
+        let head = mix(root, tie(&key[..key.len().min(COLD_HEAD_ELEMS)]));
+        let first_fit =
+            (0..cands.len()).filter(|&i| !over_gate(cands[i].load)).max_by_key(|&i| mix(head, view.url_hash[i]));
+        let i = first_fit.or_else(|| least_loaded_by_key(cands, &view.url_hash, tie_key, 0..cands.len()));
+        return (i.unwrap_or(0), false);
     }
     for (matched, marks) in tree.path_marks() {
         if matched as f32 / len <= cfg.cache_threshold {

@@ -177,6 +177,36 @@ fn cache_aware_trusts_kv_events_over_its_tree() {
     assert_ne!(spilled, other);
 }
 
+/// With the engines' events driving, a prompt no worker holds is placed by rendezvous over
+/// its head among the workers under the spill gate: two replicas that see different loads
+/// place every new conversation alike, and new conversations still spread.
+#[test]
+fn cache_aware_places_cold_prefixes_alike_on_every_replica() {
+    let u = urls(4);
+    let now = crate::clock::now();
+    let (mut r1, mut r2) = (router(PolicyKind::CacheAware), router(PolicyKind::CacheAware));
+    let cold = |loads: [usize; 4]| -> Vec<Candidate<'_>> {
+        (0..4).map(|i| Candidate { url: &u[i], load: loads[i], engine_load: None, cached: Some(0) }).collect()
+    };
+    let mut placed = std::collections::HashSet::new();
+    for c in 0..40u32 {
+        let ids: Vec<u32> = (0..100).map(|t| t * 31 + c * 1000).collect();
+        let input = RouteInput { model: "m", tokens: Some(&ids), ..RouteInput::default() };
+        let a = r1.pick(&input, &cold([3, 0, 7, 1]), now).unwrap();
+        let b = r2.pick(&input, &cold([0, 5, 2, 9]), now).unwrap();
+        assert_eq!(a, b, "conversation {c}");
+        placed.insert(a);
+    }
+    assert_eq!(placed.len(), 4, "new conversations spread");
+    // A worker over the gate is passed over: the next in the prompt's order.
+    let ids: Vec<u32> = (0..100).collect();
+    let input = RouteInput { model: "m", tokens: Some(&ids), ..RouteInput::default() };
+    let first = r1.pick(&input, &cold([0; 4]), now).unwrap();
+    let mut loads = [0; 4];
+    loads[first] = 400;
+    assert_ne!(r1.pick(&input, &cold(loads), now).unwrap(), first);
+}
+
 #[test]
 fn cache_aware_spreads_new_prefixes_in_a_quiet_system() {
     let u = urls(4);
