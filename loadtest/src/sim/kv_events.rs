@@ -114,11 +114,11 @@ impl KvEventLog {
     pub fn publish(&self, events: Vec<Data>) -> u64 {
         let seq = self.last_sequence.get() + 1 + self.pending_skip.replace(0);
         self.last_sequence.set(seq);
-        bump(&self.published);
+        self.published.set(self.published.get() + 1);
         let events = events
             .into_iter()
             .map(|data| {
-                bump(&self.last_event_id);
+                self.last_event_id.set(self.last_event_id.get() + 1);
                 KvCacheEvent { event_id: self.last_event_id.get(), data: Some(data) }
             })
             .collect();
@@ -134,7 +134,7 @@ impl KvEventLog {
         self.subscribers.borrow_mut().retain(|s| match s.upgrade() {
             Some(s) => {
                 if !s.push(frame.clone()) {
-                    bump(&self.overflowed);
+                    self.overflowed.set(self.overflowed.get() + 1);
                 }
                 true
             }
@@ -282,11 +282,8 @@ pub fn ids_from_bytes(bytes: &[u8], bytes_per_token: usize) -> Vec<u32> {
         .collect()
 }
 
-fn bump(c: &Cell<u64>) {
-    c.set(c.get() + 1);
-}
-
-fn now_secs() -> f64 {
+/// Seconds since the epoch: a batch's timestamp, on either transport.
+pub(crate) fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 

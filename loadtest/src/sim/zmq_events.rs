@@ -22,14 +22,13 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use clap::ValueEnum;
 use rmpv::Value;
 use zeromq::{Endpoint, PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::sim::kv_events::{stored_runs, KEEP_BATCHES};
+use crate::sim::kv_events::{now_secs, stored_runs, KEEP_BATCHES};
 use crate::sim::prefix_cache::CacheChanges;
 
 /// Batches the channel from a worker to the ZMQ thread holds before it drops one.
@@ -155,8 +154,8 @@ impl ZmqPublisher {
         self.last.set(Some(seq));
         let batch = Batch { seq, timestamp: now_secs(), events };
         match sink.try_send(batch) {
-            Ok(()) => bump(&self.published),
-            Err(_) => bump(&self.dropped),
+            Ok(()) => self.published.set(self.published.get() + 1),
+            Err(_) => self.dropped.set(self.dropped.get() + 1),
         }
         Some(seq)
     }
@@ -434,14 +433,6 @@ fn replay_request(m: &ZmqMessage) -> Option<(Bytes, u64)> {
     }
     let start = start.iter().fold(0u64, |n, &b| n << 8 | b as u64);
     Some((m.get(0)?.clone(), start))
-}
-
-fn bump(c: &Cell<u64>) {
-    c.set(c.get() + 1);
-}
-
-fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
 #[cfg(test)]
