@@ -167,6 +167,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let (kv_txs, kv_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<Arc<KvUpdate>>()).unzip();
     if [&cfg.routing, &cfg.prefill_routing].iter().any(|r| r.policy == PolicyKind::CacheAware) {
         crate::kv::thread::start(Arc::clone(&registry), kv_txs);
+    } else if cfg.workers.iter().any(|w| w.kv_events.is_some()) {
+        crate::warn!(
+            "--kv-events: no policy routes on KV-cache events (cache_aware does); the publishers are not followed"
+        );
     }
     let unbounded = permit_rxs.into_iter().zip(sched_rxs).zip(kv_rxs).map(|((permits, sched), kv)| UnboundedInbox {
         permits,
