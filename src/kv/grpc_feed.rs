@@ -44,11 +44,17 @@ pub async fn follow(url: WorkerUrl, tx: UnboundedSender<Feed>, resume_from: impl
     loop {
         let from = resume_from();
         let ended = subscribe(&url, &name, from, &tx, &mut backoff).await;
+        // An engine without the method never will have it: its worker is routed by the
+        // gateway's own guess, and not asked again (until it is registered again).
+        let unsupported = matches!(&ended, Err(s) if s.code == Code::UNIMPLEMENTED);
         let why = match ended {
             Ok(()) => "the stream ended".to_string(),
             Err(s) => s.to_string(),
         };
-        if tx.send(Feed::Down { url: name.clone(), why }).is_err() {
+        if tx.send(Feed::Down { url: name.clone(), why }).is_err() || unsupported {
+            if unsupported {
+                crate::info!("KV-cache events of {name}: the engine does not serve SubscribeKvEvents; routing it by the gateway's own view");
+            }
             return;
         }
         tokio::time::sleep(backoff).await;
