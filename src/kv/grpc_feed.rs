@@ -9,32 +9,11 @@ use smg_proto::common::{KvEventBatch, SubscribeKvEventsRequest};
 use smg_proto::paths::sglang_scheduler as path;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::event::{from_proto, Batch};
+use super::event::from_proto;
+use super::feed::{Feed, BACKOFF};
 use crate::grpc::wire::{self, Code, Deframer, Status};
 use crate::workers::grpc_probe::connect;
 use crate::workers::WorkerUrl;
-
-/// What a feed tells the events thread about its worker (`url`: the registered base URL).
-#[derive(Debug)]
-pub enum Feed {
-    /// The stream is (again) open.
-    Up {
-        url: String,
-    },
-    Batch {
-        url: String,
-        seq: u64,
-        batch: Batch,
-    },
-    /// The stream ended or failed; the feed subscribes again after a backoff.
-    Down {
-        url: String,
-        why: String,
-    },
-}
-
-/// The backoff between subscriptions: doubling from the first to the last.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 /// Follows `url`'s events until the thread drops the receiver (or aborts the task).
 /// `resume_from` reads the last sequence number the thread applied, at each subscription.

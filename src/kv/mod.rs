@@ -9,6 +9,7 @@
 //! - `index.rs`: which workers hold which keys on the GPU, and the longest prefix of a
 //!   request's keys each holds.
 //!
+//! - `feed.rs`: what every feed tells the thread, and their one backoff.
 //! - `grpc_feed.rs`: a gRPC worker's `SubscribeKvEvents` stream, resubscribed from its last
 //!   sequence number when it ends.
 //! - `zmq_feed.rs`: an HTTP worker's events over ZMQ (where it publishes is part of its
@@ -21,6 +22,7 @@
 //! precision metric.
 
 pub mod event;
+pub mod feed;
 pub mod grpc_feed;
 pub mod index;
 pub mod keys;

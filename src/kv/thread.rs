@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::grpc_feed::{follow, Feed};
+use super::feed::Feed;
+use super::grpc_feed::follow;
 use super::index::KvUpdate;
 use super::keys::{Blocks, Change};
 use crate::worker_id::WorkerId;

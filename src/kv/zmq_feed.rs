@@ -14,10 +14,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::event::from_msgpack;
-use super::grpc_feed::Feed;
+use super::feed::{Feed, BACKOFF};
 use crate::workers::kv_events_source::KvEventsSource;
-
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 /// The longest a replay may take before what it returned so far is used.
 const REPLAY_WITHIN: Duration = Duration::from_secs(5);
