@@ -3,6 +3,10 @@
 //! and the request path's match: a 2 KB chat's token ids cut into 16-token blocks, keyed, and
 //! matched against 8 workers holding 100 k blocks.
 //!
+//! With the SmolLM2 GGUF of `.ci/llama-worker.sh` (LLAMA_MODEL, or ~/.cache/smg), also an
+//! HTTP chat's whole request-path cost with `--tokenizer-path`: the 2 KB body parsed, its
+//! template rendered, tokenized, keyed and matched.
+//!
 //! Run: `cargo bench --bench kv` (events/s = 1 / the per-event time printed).
 
 use std::hint::black_box;
@@ -11,6 +15,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use smg::kv::event::{from_msgpack, EngineHash, KvEvent};
 use smg::kv::index::BlockIndex;
 use smg::kv::keys::{request_keys, Blocks};
+use smg::kv::prompt_ids::{prompt_ids, PromptField};
 use smg::worker_id::WorkerId;
 
 const BLOCK: usize = 16;
@@ -127,6 +132,40 @@ fn all(c: &mut Criterion) {
             black_box(out[3])
         })
     });
+    let Some(tk) = smollm2() else {
+        eprintln!("SKIPPED kv_match/2KB_chat_tokenized: no SmolLM2 GGUF (run `bash .ci/llama-worker.sh`)");
+        return;
+    };
+    let body = chat_body(2 * 1024);
+    c.bench_function("kv_match/2KB_chat_tokenized_8_workers", |b| {
+        b.iter(|| {
+            let ids = prompt_ids(&tk, PromptField::Chat, black_box(body.as_bytes())).unwrap();
+            request_keys(&ids, BLOCK, 0, &mut keys);
+            index.prefixes(&keys, &workers, &mut out);
+            black_box(out[3])
+        })
+    });
+}
+
+fn smollm2() -> Option<smg::tokenizer::Tokenizer> {
+    let p = std::env::var_os("LLAMA_MODEL").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/smg/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    p.is_file().then(|| smg::tokenizer::Tokenizer::from_gguf(&p).unwrap())
+}
+
+/// A chat request body of about `target` bytes: a system prompt and alternating turns.
+fn chat_body(target: usize) -> String {
+    let sentence = "The quick brown fox jumps over the lazy dog, then asks about the weather in Paris. ";
+    let mut turns = vec![format!(r#"{{"role":"system","content":"{}"}}"#, sentence.repeat(2))];
+    let mut i = 0;
+    while turns.iter().map(String::len).sum::<usize>() < target {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        turns.push(format!(r#"{{"role":"{role}","content":"{} caf\u00e9 {i}\n{}"}}"#, sentence.repeat(2), i * 37));
+        i += 1;
+    }
+    format!(r#"{{"model":"m","messages":[{}],"max_tokens":16}}"#, turns.join(","))
 }
 
 criterion_group!(benches, all);

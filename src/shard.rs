@@ -20,6 +20,7 @@ use crate::http::date::{DateCache, LEN as DATE_LEN};
 use crate::http::pool::{Pool, UpstreamConn};
 use crate::kv::index::{BlockIndex, KvUpdate};
 use crate::kv::keys::request_keys;
+use crate::kv::prompt_ids::{prompt_ids, PromptField};
 use crate::metrics::{Finished, ShardMetrics, ShardReport};
 use crate::routing::{Candidate, Digest, RouteError, RouteInput, ShardRouter};
 use crate::trace::{ShardTraces, SpanRecord};
@@ -153,6 +154,9 @@ pub struct Shard {
     /// What the engines' KV-cache events say each worker holds (kv/), as the events thread
     /// told this shard.
     kv: RefCell<BlockIndex>,
+    /// The tokenizer HTTP requests are matched with (`--tokenizer-path`), from the events
+    /// thread once loaded.
+    prompt_tokenizer: RefCell<Option<Arc<crate::tokenizer::Tokenizer>>>,
     /// The priority scheduler (None without `--priority-scheduler-enabled`).
     scheduler: Option<Rc<RefCell<Scheduler>>>,
     /// None with `--prometheus-port 0`.
@@ -237,6 +241,7 @@ impl Shard {
             permits,
             pd_pools,
             kv: RefCell::new(BlockIndex::default()),
+            prompt_tokenizer: RefCell::new(None),
             scheduler,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
@@ -431,6 +436,25 @@ impl Shard {
             .collect()
     }
 
+    /// An HTTP request's token ids as its engine will compute them, when they can be matched:
+    /// a tokenizer is loaded and one of the workers at `positions` sends KV-cache events.
+    /// None otherwise (nothing is parsed: a fleet without events pays nothing).
+    pub fn prompt_ids(
+        &self,
+        field: PromptField,
+        body: &[u8],
+        snap: &Snapshot,
+        positions: &[usize],
+    ) -> Option<Vec<u32>> {
+        let tk = self.prompt_tokenizer.borrow().clone()?;
+        let kv = self.kv.borrow();
+        if !kv.any_live() || !positions.iter().any(|&p| kv.live(snap.workers[p].id).is_some()) {
+            return None;
+        }
+        drop(kv);
+        prompt_ids(&tk, field, body)
+    }
+
     /// Fills in the prefix of `tokens` each candidate's engine holds by its KV-cache events
     /// (the candidates whose events flow; one key chain per block size among them).
     fn kv_prefixes(&self, tokens: &[u32], snap: &Snapshot, positions: &[usize], cands: &mut [Candidate<'_>]) {
@@ -461,6 +485,9 @@ impl Shard {
 
     /// Changes from the KV-cache events thread.
     pub fn on_kv_update(&self, u: &KvUpdate) {
+        if let Some(tk) = &u.tokenizer {
+            *self.prompt_tokenizer.borrow_mut() = Some(Arc::clone(tk));
+        }
         let mut kv = self.kv.borrow_mut();
         for &(worker, change) in &u.changes {
             kv.apply(worker, change);

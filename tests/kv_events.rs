@@ -247,3 +247,96 @@ fn http_workers_events_over_zmq_route_hinted_prompts() {
         }
     });
 }
+
+/// A chat of `turns` exchanges in conversation `i` (each user turn long enough for blocks).
+fn chat(i: usize, turns: usize) -> String {
+    let mut msgs = vec![format!(r#"{{"role":"user","content":"{}"}}"#, prompt(i))];
+    for t in 1..turns {
+        msgs.push(format!(r#"{{"role":"assistant","content":"the answer {t} is a simple story"}}"#));
+        msgs.push(format!(r#"{{"role":"user","content":"and then the river {t} and the mountain"}}"#));
+    }
+    format!(r#"{{"model":"m","messages":[{}],"max_tokens":1}}"#, msgs.join(","))
+}
+
+/// `--tokenizer-path`: HTTP workers that count and cache prompts in their model's tokens
+/// (smg-sim --tokenize-http, the chat rendered with its template) are matched on the ids the
+/// gateway computes from the same tokenizer, with no hint: two gateways that never routed
+/// eight conversations send each next turn to the worker that holds the earlier ones.
+#[test]
+fn http_chats_are_tokenized_and_matched_on_their_engines_blocks() {
+    let dir = smg_loadtest::sim::grpc::tokenizer::ensure_dir(None).unwrap();
+    let dir = dir.to_str().unwrap().to_string();
+    both_drivers(|legacy| {
+        let flags = ["--tokenize-http", "--kv-events-endpoint", "tcp://127.0.0.1:0"];
+        let w = [Sim::start("m", &flags), Sim::start("m", &flags)];
+        let at = |s: &Sim| format!("{}={}", s.url(), s.stats()["kv_events"]["endpoint"].as_str().unwrap_or_default());
+        let (k0, k1) = (at(&w[0]), at(&w[1]));
+        let start = || {
+            let mport = free_port().to_string();
+            let (u0, u1) = (w[0].url(), w[1].url());
+            let args = [
+                "--worker-urls",
+                &u0,
+                &u1,
+                "--policy",
+                "cache_aware",
+                "--kv-events",
+                &k0,
+                "--kv-events",
+                &k1,
+                "--tokenizer-path",
+                &dir,
+                "--cores",
+                "2",
+                "--log-level",
+                "debug",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &mport,
+            ];
+            let gw = Gateway::start(legacy, &args);
+            gw.ready_workers(2);
+            assert!(
+                wait_until(patience(Duration::from_secs(10)), || gw.log_has("HTTP requests are tokenized with")),
+                "tokenizer not loaded"
+            );
+            for s in &w {
+                let subscribed = format!("KV-cache events of {}: subscribed", s.url());
+                assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
+            }
+            (gw, mport.parse::<u16>().unwrap())
+        };
+        let (a, am) = start();
+        let (b, bm) = start();
+        // Warmed on the workers themselves: no gateway saw these conversations.
+        for i in 0..8 {
+            let r = post(w[i % 2].port, "/v1/chat/completions", &chat(i, 1), &[]);
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        for m in [am, bm] {
+            for s in &w {
+                let series = format!(r#"smg_kv_index_blocks{{worker="{}"}}"#, s.url());
+                let want = cached_blocks(s) as f64;
+                assert!(want > 0.0);
+                assert!(
+                    wait_until(patience(Duration::from_secs(10)), || metric(m, &series) == Some(want)),
+                    "{series}: {:?} against {want}",
+                    metric(m, &series)
+                );
+            }
+        }
+        for i in 0..8 {
+            let body = chat(i, 2);
+            let route = |port: u16| {
+                let r = post(port, "/v1/chat/completions", &body, &[]);
+                assert_eq!(r.status, 200, "{}", r.text());
+                let v: Value = sonic_rs::from_str(&r.text()).unwrap();
+                let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+                (r.header("x-smg-routed-worker-id").unwrap_or_default().to_string(), cached > 0)
+            };
+            let want = (w[i % 2].url(), true);
+            assert_eq!((route(a.port), route(b.port)), (want.clone(), want), "conversation {i}");
+        }
+    });
+}

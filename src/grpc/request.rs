@@ -11,7 +11,7 @@ use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 use super::model::GrpcModel;
 use super::output::OutputPlan;
 use super::refusal::Refusal;
-use crate::tokenizer::{TemplateInput, ThinkingAsk};
+use crate::tokenizer::ThinkingAsk;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -225,23 +225,7 @@ fn render_chat(body: &Value, model: &GrpcModel) -> Result<(String, bool), Refusa
         .tokenizer
         .chat_template()
         .ok_or_else(|| Refusal::internal("chat_template_missing", "The model's tokenizer has no chat template"))?;
-    let ask = ThinkingAsk::of_body(body);
-    let decision = template.thinking().decide(&ask);
-    let tools = body.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
-    let continue_final = body.get("continue_final_message").and_then(|v| v.as_bool()).unwrap_or(false);
-    let input = TemplateInput {
-        messages: Some(messages),
-        add_generation_prompt: !continue_final,
-        tools,
-        reasoning_effort: ask.effort,
-        tool_choice: body.get("tool_choice"),
-        response_format: body.get("response_format"),
-        thinking: decision,
-        chat_template_kwargs: ask.kwargs,
-    };
-    let thinks = template.thinking().thinks(decision);
-    let text = template.render(&input).map_err(|e| bad("chat_template_error", e))?;
-    Ok((text, thinks))
+    template.render_request(body).map_err(|e| bad("chat_template_error", e))
 }
 
 /// A string, an array of strings, an array of token ids, or an array of such arrays.

@@ -2,6 +2,8 @@
 //! keys each one holds. A shard keeps one, changed only by [`Change`]s (keys.rs), so routing
 //! reads it without a lock; every shard that applies the same changes holds the same index.
 
+use std::sync::Arc;
+
 use ahash::AHashMap;
 
 use super::keys::{BlockKey, Change};
@@ -62,6 +64,9 @@ impl Holders {
 #[derive(Debug, Default)]
 pub struct KvUpdate {
     pub changes: Vec<(WorkerId, Change)>,
+    /// `--tokenizer-path`'s tokenizer, once the events thread has loaded it (sent once):
+    /// HTTP requests are tokenized with it to match their workers' blocks.
+    pub tokenizer: Option<Arc<crate::tokenizer::Tokenizer>>,
 }
 
 impl BlockIndex {

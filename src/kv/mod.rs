@@ -18,13 +18,14 @@
 //!   every shard the index changes (shard.rs applies them; `cache_aware` reads them through
 //!   each candidate's `cached` prefix).
 //!
-//! Not yet: tokenizing HTTP requests (their ids come from `X-SMG-Routing-Tokens` only), the
-//! precision metric.
+//! - `prompt_ids.rs`: an HTTP request's token ids as its engine will compute them
+//!   (`--tokenizer-path`), for matching; gRPC requests carry the gateway's own ids.
 
 pub mod event;
 pub mod feed;
 pub mod grpc_feed;
 pub mod index;
 pub mod keys;
+pub mod prompt_ids;
 pub mod thread;
 pub mod zmq_feed;

@@ -13,6 +13,7 @@
 //! down it is stale: routing falls back to the gateway's own guess for it.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +33,13 @@ use crate::workers::WorkerUrl;
 const LOOK: Duration = Duration::from_millis(250);
 
 /// Starts the thread. It runs for the life of the process.
-pub fn start(registry: Registry, shards: Vec<flume::Sender<Arc<KvUpdate>>>) {
+/// `tokenizer`: `--tokenizer-path`, loaded here (off the shards, before any event) and sent to
+/// every shard, which then tokenizes HTTP requests to match their workers' blocks.
+pub fn start(registry: Registry, shards: Vec<flume::Sender<Arc<KvUpdate>>>, tokenizer: Option<PathBuf>) {
     let spawned = std::thread::Builder::new().name("smg-kv-events".into()).spawn(move || {
+        if let Some(path) = tokenizer {
+            send_tokenizer(&path, &shards);
+        }
         let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build();
         match rt {
             Ok(rt) => rt.block_on(run(registry, shards)),
@@ -42,6 +48,25 @@ pub fn start(registry: Registry, shards: Vec<flume::Sender<Arc<KvUpdate>>>) {
     });
     if let Err(e) = spawned {
         crate::error!("KV-cache events: no thread: {e}");
+    }
+}
+
+fn send_tokenizer(path: &Path, shards: &[flume::Sender<Arc<KvUpdate>>]) {
+    match crate::tokenizer::Tokenizer::load(path) {
+        Ok(tk) => {
+            crate::info!(
+                "KV-cache events: HTTP requests are tokenized with {} to match the blocks their workers report",
+                path.display()
+            );
+            let u = Arc::new(KvUpdate { changes: Vec::new(), tokenizer: Some(Arc::new(tk)) });
+            for s in shards {
+                let _ = s.send(Arc::clone(&u));
+            }
+        }
+        Err(e) => crate::warn!(
+            "KV-cache events: --tokenizer-path {}: {e}; HTTP workers are matched on X-SMG-Routing-Tokens only",
+            path.display()
+        ),
     }
 }
 

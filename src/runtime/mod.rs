@@ -166,7 +166,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     // The KV-cache events thread runs when a policy reads what engines cached.
     let (kv_txs, kv_rxs): (Vec<_>, Vec<_>) = (0..cfg.cores).map(|_| flume::unbounded::<Arc<KvUpdate>>()).unzip();
     if [&cfg.routing, &cfg.prefill_routing].iter().any(|r| r.policy == PolicyKind::CacheAware) {
-        crate::kv::thread::start(Arc::clone(&registry), kv_txs);
+        crate::kv::thread::start(Arc::clone(&registry), kv_txs, cfg.fleet.tokenizer.path.clone());
     } else if cfg.workers.iter().any(|w| w.kv_events.is_some()) {
         crate::warn!(
             "--kv-events: no policy routes on KV-cache events (cache_aware does); the publishers are not followed"

@@ -9,7 +9,10 @@ use super::error::Failure;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract;
 use crate::http::head::RequestHead;
-use crate::routing::{first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal};
+use crate::kv::prompt_ids::PromptField;
+use crate::routing::{
+    first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal, TextSource,
+};
 use crate::shard::{LoadGuard, LocalSnapshot, Shard};
 use crate::workers::snapshot::{Role, Runtime, Worker};
 use crate::workers::{Candidates, WorkerId};
@@ -156,7 +159,14 @@ pub fn pick_worker(
     } else {
         head.header(buf, "x-smg-routing-tokens").and_then(parse_routing_tokens)
     };
-    let wants_text = cfg.policy.uses_text() && hint.is_none() && tokens.is_none();
+    // An HTTP worker that sends KV-cache events is matched on the ids its engine will compute
+    // (`--tokenizer-path`); only the decision reads them, the body goes as it came.
+    let engine_ids = match (tokens, &hint, spec.text) {
+        (None, None, Some(source)) => shard.prompt_ids(prompt_field(source), body, &snap, positions),
+        _ => None,
+    };
+    let tokens = tokens.or(hint.as_deref()).or(engine_ids.as_deref());
+    let wants_text = cfg.policy.uses_text() && tokens.is_none();
     let fields = if wants_text || cfg.routing_key_override { spec.text.and_then(|k| scan_body(k, body)) } else { None };
     let (text, body_tokens) = match fields.as_ref().and_then(|f| f.signal.as_ref()) {
         Some(RoutingSignal::Text(t)) => (Some(t.as_str()), None),
@@ -166,7 +176,7 @@ pub fn pick_worker(
     let input = RouteInput {
         model: model.unwrap_or(""),
         text,
-        tokens: tokens.or(hint.as_deref()).or(body_tokens),
+        tokens: tokens.or(body_tokens),
         namespace: fields.as_ref().and_then(|f| f.namespace.as_deref()),
         routing_key: first_routing_key(&cfg.routing_key_headers, |n| head.header(buf, n)),
         target_worker: header("x-smg-target-worker"),
@@ -186,6 +196,14 @@ pub fn pick_worker(
             Ok(chosen(shard, ctx, Picked::new(snap.clone(), pos, prefill.as_ref().map(|p| p.0)), prefill))
         }
         Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(model).into()),
+    }
+}
+
+fn prompt_field(source: TextSource) -> PromptField {
+    match source {
+        TextSource::Chat => PromptField::Chat,
+        TextSource::Completion => PromptField::Completion,
+        TextSource::Generate => PromptField::Generate,
     }
 }
 

@@ -79,6 +79,29 @@ impl ChatTemplate {
         &self.thinking
     }
 
+    /// Renders a chat request's prompt as the engine does from its body: `messages`, the
+    /// tools (when any), `tool_choice`, `response_format`, the reasoning decision, and the
+    /// generation prompt unless `continue_final_message`. Returns the text and whether the
+    /// model starts in reasoning mode. One place for both readers: the gRPC request builder
+    /// and the HTTP router's prompt ids (`routing/prompt_ids.rs`).
+    pub fn render_request(&self, body: &sonic_rs::Value) -> Result<(String, bool), String> {
+        use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+        let ask = super::thinking::ThinkingAsk::of_body(body);
+        let decision = self.thinking.decide(&ask);
+        let continue_final = body.get("continue_final_message").and_then(|v| v.as_bool()).unwrap_or(false);
+        let input = TemplateInput {
+            messages: body.get("messages"),
+            add_generation_prompt: !continue_final,
+            tools: body.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty())),
+            reasoning_effort: ask.effort,
+            tool_choice: body.get("tool_choice"),
+            response_format: body.get("response_format"),
+            thinking: decision,
+            chat_template_kwargs: ask.kwargs,
+        };
+        Ok((self.render(&input)?, self.thinking.thinks(decision)))
+    }
+
     /// Renders the prompt text for `input`.
     pub fn render(&self, input: &TemplateInput) -> Result<String, String> {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();

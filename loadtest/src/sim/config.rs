@@ -106,6 +106,13 @@ pub struct SimArgs {
     /// Prompt bytes per token when counting tokens (the simulator has no tokenizer).
     #[arg(long, default_value_t = 4)]
     pub bytes_per_token: usize,
+    /// HTTP workers count and cache prompts in the simulated model's tokens, as an engine does:
+    /// a chat rendered with its ChatML template (generation prompt included) and encoded with
+    /// its byte-level BPE, a prompt string encoded, prompt ids taken as they are. The tokenizer
+    /// files are written to --tokenizer-dir (a gateway's --tokenizer-path then computes the
+    /// same ids), and KV-cache events carry these ids. Without it, --bytes-per-token counts.
+    #[arg(long)]
+    pub tokenize_http: bool,
     /// Length of the vectors /v1/embeddings returns.
     #[arg(long, default_value_t = 16)]
     pub embedding_dim: usize,
@@ -300,6 +307,8 @@ pub struct WorkerSpec {
     pub pd: Option<PdSpec>,
     /// KV-cache events over ZMQ (--kv-events-endpoint); None publishes none.
     pub kv_events_zmq: Option<ZmqSpec>,
+    /// --tokenize-http.
+    pub tokenize_http: bool,
 }
 
 // === impl SimArgs ===
@@ -397,6 +406,7 @@ impl SimArgs {
                     grpc: None,
                     pd,
                     kv_events_zmq: self.zmq_spec(specs.len())?,
+                    tokenize_http: self.tokenize_http && !self.grpc,
                 });
             }
         }

@@ -49,6 +49,10 @@ use worker::Worker;
 /// Starts all workers and blocks until every one of them has died (or forever).
 pub fn run(args: SimArgs) -> Result<(), String> {
     let mut specs = args.worker_specs()?;
+    if args.tokenize_http && !args.grpc {
+        grpc::tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
+            .map_err(|e| format!("writing the simulated tokenizer: {e}"))?;
+    }
     if args.grpc {
         let dir = grpc::tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
             .map_err(|e| format!("writing the simulated tokenizer: {e}"))?;

@@ -238,7 +238,19 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
         Fault::None => None,
     };
     bump(&w.stats.inference, 1);
-    let cache = w.cache_prompt(req.prompt.as_bytes(), None);
+    let ids = match api {
+        Api::Chat | Api::Completions | Api::Generate if w.tokenize_http => {
+            crate::sim::grpc::tokenizer::http_prompt_ids(api == Api::Chat, &req.prompt)
+        }
+        _ => None,
+    };
+    let cache = match &ids {
+        Some(ids) => {
+            let bpt = w.cache.borrow().bytes_per_token();
+            w.cache_prompt(&crate::sim::prefix_cache::ids_key(ids, bpt), Some(ids))
+        }
+        None => w.cache_prompt(req.prompt.as_bytes(), None),
+    };
     bump(&w.stats.prompt_tokens, cache.prompt_tokens);
     bump(&w.stats.cached_tokens, cache.cached_tokens);
     if api == Api::Embeddings {

@@ -220,7 +220,7 @@ fn plan(w: &Worker, req: &GenerateRequest, handoff: Handoff) -> Result<Plan, Sta
     };
     let truncate_after = truncate_after.map(|a| a.unwrap_or(length / 2).min(length));
     bump(&w.stats.inference, 1);
-    let key = cache_key(ids, w.cache.borrow().bytes_per_token());
+    let key = crate::sim::prefix_cache::ids_key(ids, w.cache.borrow().bytes_per_token());
     let cache = w.cache_prompt(&key, Some(ids));
     bump(&w.stats.prompt_tokens, ids.len() as u64);
     bump(&w.stats.cached_tokens, cache.cached_tokens);
@@ -279,17 +279,6 @@ fn requested_error(sp: &smg_proto::scheduler::SamplingParams) -> Option<Code> {
         Kind::NumberValue(n) => Code::parse(&(*n as u32).to_string()),
         _ => None,
     }
-}
-
-/// The prompt as the prefix cache's bytes: `bytes_per_token` bytes per token id, so the cache
-/// counts exactly one token per id.
-fn cache_key(ids: &[u32], bytes_per_token: usize) -> Vec<u8> {
-    let mut key = Vec::with_capacity(ids.len() * bytes_per_token);
-    for id in ids {
-        let b = id.to_le_bytes();
-        key.extend((0..bytes_per_token).map(|i| b[i % 4]));
-    }
-    key
 }
 
 /// Token `k` of sample `index`: a whole word (with a leading space after the first), fixed by
@@ -663,7 +652,7 @@ mod tests {
 
     #[test]
     fn cache_key_has_one_token_per_id() {
-        assert_eq!(cache_key(&[1, 2], 4), vec![1, 0, 0, 0, 2, 0, 0, 0]);
-        assert_eq!(cache_key(&[1, 2], 2).len(), 4);
+        assert_eq!(crate::sim::prefix_cache::ids_key(&[1, 2], 4), vec![1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(crate::sim::prefix_cache::ids_key(&[1, 2], 2).len(), 4);
     }
 }

@@ -7,6 +7,7 @@
 //! Output is drawn from the whole-word, leading-space tokens, so detokenized text reads as words.
 //! Everything is generated from the constants below: the files are identical on every run.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -198,6 +199,143 @@ pub fn token_text(id: u32) -> String {
     vocab().bytes.get(id as usize).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
 }
 
+/// `text` as this tokenizer encodes it with no special tokens added (the Hugging Face
+/// `tokenizers` result for this vocabulary): special tokens written in the text first, then
+/// GPT-2's pre-tokenizer split, then byte-level BPE by merge rank within each piece. HTTP
+/// workers use it with --tokenize-http to count and cache prompts as an engine would.
+pub fn encode(text: &str) -> Vec<u32> {
+    let t = tables();
+    let mut out = Vec::with_capacity(text.len() / 3 + 1);
+    let mut rest = text;
+    loop {
+        let next = specials().filter_map(|(id, sp)| rest.find(sp).map(|at| (at, id, sp.len()))).min();
+        let Some((at, id, len)) = next else {
+            encode_plain(t, rest, &mut out);
+            break;
+        };
+        encode_plain(t, &rest[..at], &mut out);
+        out.push(id);
+        rest = &rest[at + len..];
+    }
+    out
+}
+
+/// An HTTP request's prompt in this model's tokens (--tokenize-http): `raw`, the prompt field's
+/// JSON as the request carried it. A chat (`messages`) is rendered as [`CHAT_TEMPLATE`] renders
+/// it, with the generation prompt; a prompt string is encoded; ids are taken as they are.
+/// None for anything else (a batch, a non-text part): the caller counts bytes.
+pub fn http_prompt_ids(chat: bool, raw: &str) -> Option<Vec<u32>> {
+    use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+    let v: sonic_rs::Value = sonic_rs::from_str(raw).ok()?;
+    if chat {
+        let mut text = String::with_capacity(raw.len() + 64);
+        for m in v.as_array()?.iter() {
+            text.push_str(IM_START);
+            text.push_str(m.get("role")?.as_str()?);
+            text.push('\n');
+            let content = m.get("content")?;
+            match content.as_str() {
+                Some(s) => text.push_str(s),
+                None => {
+                    for part in content.as_array()?.iter() {
+                        if part.get("type").and_then(|t| t.as_str()) == Some("text") {
+                            text.push_str(part.get("text")?.as_str()?);
+                        }
+                    }
+                }
+            }
+            text.push_str(IM_END);
+            text.push('\n');
+        }
+        text.push_str(IM_START);
+        text.push_str("assistant\n");
+        return Some(encode(&text));
+    }
+    if let Some(s) = v.as_str() {
+        return Some(encode(s));
+    }
+    v.as_array()?.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+}
+
+/// Lookups for [`encode`]: token text → id, and merge → rank.
+struct Tables {
+    ids: HashMap<String, u32>,
+    ranks: HashMap<(String, String), usize>,
+}
+
+fn tables() -> &'static Tables {
+    static T: OnceLock<Tables> = OnceLock::new();
+    T.get_or_init(|| {
+        let v = vocab();
+        let ids = v.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let ranks = v.merges.iter().enumerate().map(|(r, m)| (m.clone(), r)).collect();
+        Tables { ids, ranks }
+    })
+}
+
+fn encode_plain(t: &Tables, text: &str, out: &mut Vec<u32>) {
+    for piece in pretokens(text) {
+        let mut syms: Vec<String> = piece.bytes().map(|b| byte_char(b).to_string()).collect();
+        // The lowest-ranked adjacent pair merges first, the leftmost among equals.
+        loop {
+            let best = (0..syms.len().saturating_sub(1))
+                .filter_map(|i| t.ranks.get(&(syms[i].clone(), syms[i + 1].clone())).map(|&r| (r, i)))
+                .min();
+            let Some((_, i)) = best else { break };
+            let right = syms.remove(i + 1);
+            syms[i].push_str(&right);
+        }
+        out.extend(syms.iter().map(|s| t.ids.get(s).copied().unwrap_or(0)));
+    }
+}
+
+/// GPT-2's split: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
+fn pretokens(text: &str) -> Vec<&str> {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let at = |i: usize| chars.get(i).map_or(text.len(), |c| c.0);
+    let class = |c: char| {
+        if c.is_alphabetic() {
+            1
+        } else if c.is_numeric() {
+            2
+        } else if c.is_whitespace() {
+            0
+        } else {
+            3
+        }
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let rest = &text[chars[i].0..];
+        if let Some(c) = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d"].iter().find(|c| rest.starts_with(**c)) {
+            out.push(&rest[..c.len()]);
+            i += c.chars().count();
+            continue;
+        }
+        let c = chars[i].1;
+        let lead = usize::from(c == ' ' && chars.get(i + 1).is_some_and(|n| class(n.1) != 0));
+        let k = class(chars[i + lead].1);
+        let mut j = i + lead;
+        if k != 0 {
+            while j < chars.len() && class(chars[j].1) == k {
+                j += 1;
+            }
+        } else {
+            while j < chars.len() && class(chars[j].1) == 0 {
+                j += 1;
+            }
+            // `\s+(?!\S)`: a run before a non-space leaves its last character to it.
+            if j < chars.len() && j - i > 1 {
+                j -= 1;
+            }
+        }
+        out.push(&text[chars[i].0..at(j)]);
+        i = j;
+    }
+    out
+}
+
 /// Every special token with its id: ChatML's first, Harmony's last.
 fn specials() -> impl Iterator<Item = (u32, &'static str)> {
     let first = SPECIALS.iter().enumerate().map(|(i, t)| (i as u32, *t));
@@ -323,6 +461,22 @@ pub fn ensure_dir(requested: Option<&Path>) -> io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_prompts_in_the_models_tokens() {
+        let chat = r#"[{"role":"user","content":"the river"},{"role":"assistant","content":[{"type":"text","text":"a story"}]}]"#;
+        let want = encode(
+            "<|im_start|>user\nthe river<|im_end|>\n<|im_start|>assistant\na story<|im_end|>\n<|im_start|>assistant\n",
+        );
+        assert_eq!(http_prompt_ids(true, chat), Some(want));
+        assert_eq!(encode("<|im_start|>")[..], [IM_START_ID]);
+        // Merges go by rank: the bare word's merges come first, so " the" is "Ġ" + "the".
+        assert_eq!(encode(" the").len(), 2);
+        assert_eq!(encode("zq"), [byte_id(b'z'), byte_id(b'q')]);
+        assert_eq!(http_prompt_ids(false, r#""the river""#), Some(encode("the river")));
+        assert_eq!(http_prompt_ids(false, "[5,6]"), Some(vec![5, 6]));
+        assert_eq!(http_prompt_ids(false, r#"["a","b"]"#), None);
+    }
 
     #[test]
     fn byte_table_is_gpt2s() {

@@ -97,6 +97,8 @@ pub struct Worker {
     pub zmq_events: Option<ZmqPublisher>,
     /// The prefill or decode role of a PD pair (--pd-role); None serves whole requests.
     pub(crate) pd: Option<PdState>,
+    /// --tokenize-http: HTTP prompts are counted and cached in the simulated model's tokens.
+    pub tokenize_http: bool,
 }
 
 // === impl Worker ===
@@ -169,6 +171,7 @@ impl Worker {
                 z.sink.clone().map(|sink| ZmqPublisher::new(sink, at))
             }),
             pd: spec.pd.as_ref().map(PdState::new),
+            tokenize_http: spec.tokenize_http,
         })
     }
 

@@ -1,0 +1,175 @@
+//! The token ids an HTTP worker's engine will compute for a request, so `cache_aware` can match
+//! them against the blocks its KV-cache events report (`--tokenizer-path`). Only the routing
+//! decision reads them: the body is still forwarded as the bytes it arrived as.
+//!
+//! As the engines tokenize: a chat is rendered with its template and the generation prompt,
+//! then encoded with no special tokens added (the template writes them); a completions or
+//! `/generate` prompt string is encoded with them (the engine adds BOS where its tokenizer
+//! does); a prompt given as ids is those ids.
+//!
+//! No ids (the caller falls back to the gateway's own tree) for what the engine would not key
+//! in the base model's namespace: a LoRA adapter, a cache salt or an extra key. Nor for a
+//! batch of prompts, a body that is not JSON, or a template that fails (the engine reports
+//! that; routing is not the place).
+
+use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
+
+use crate::tokenizer::Tokenizer;
+
+/// Which endpoint's body: each keeps its prompt under its own field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptField {
+    /// `/v1/chat/completions`: `messages` through the chat template.
+    Chat,
+    /// `/v1/completions`: `prompt`.
+    Completion,
+    /// SGLang `/generate`: `text`, or `input_ids`.
+    Generate,
+}
+
+/// Fields that move a request out of the base model's namespace in the engine's cache.
+const NAMESPACED: [&str; 4] = ["lora_path", "lora_name", "cache_salt", "extra_key"];
+
+/// The prompt's ids, or None when the engine's keys cannot be known (module docs).
+pub fn prompt_ids(tk: &Tokenizer, field: PromptField, body: &[u8]) -> Option<Vec<u32>> {
+    let v = crate::bounded_json::value(body).ok()?;
+    if NAMESPACED.iter().any(|k| v.get(*k).is_some_and(|x| !x.is_null())) {
+        return None;
+    }
+    match field {
+        PromptField::Chat => {
+            let (text, _) = tk.chat_template()?.render_request(&v).ok()?;
+            tk.encode(&text, false).ok()
+        }
+        PromptField::Completion => one_prompt(tk, v.get("prompt")?),
+        PromptField::Generate => match v.get("input_ids") {
+            Some(ids) => one_prompt(tk, ids),
+            None => one_prompt(tk, v.get("text")?),
+        },
+    }
+}
+
+/// A string, ids, or a batch of one of those.
+fn one_prompt(tk: &Tokenizer, p: &Value) -> Option<Vec<u32>> {
+    match p.get_type() {
+        JsonType::String => tk.encode(p.as_str()?, true).ok(),
+        JsonType::Array => {
+            let arr = p.as_array()?;
+            match arr.first().map(|x| x.get_type()) {
+                Some(JsonType::Number) => arr.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect(),
+                Some(JsonType::String | JsonType::Array) if arr.len() == 1 => one_prompt(tk, &arr[0]),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-level tokenizer whose only merge is "a"+"b", with ChatML's specials and a template.
+    fn tokenizer() -> Tokenizer {
+        let mut vocab = String::from(r#""<|im_start|>":0,"<|im_end|>":1"#);
+        let chars = crate::tokenizer::byte_bpe::byte_chars();
+        for (b, c) in chars.iter().enumerate() {
+            let esc = match c {
+                '"' => "\\\"".to_string(),
+                '\\' => "\\\\".to_string(),
+                c => c.to_string(),
+            };
+            vocab.push_str(&format!(r#","{esc}":{}"#, b + 2));
+        }
+        vocab.push_str(r#","ab":258"#);
+        let tj = format!(
+            r#"{{"version":"1.0","added_tokens":[{{"id":0,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}},{{"id":1,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}],"normalizer":null,"pre_tokenizer":{{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true}},"post_processor":null,"decoder":{{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true}},"model":{{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"ignore_merges":false,"vocab":{{{vocab}}},"merges":["a b"]}}}}"#
+        );
+        let cfg = r#"{"chat_template":"{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}"#;
+        Tokenizer::from_parts(tj.as_bytes(), Some(cfg), None).unwrap()
+    }
+
+    fn bytes(s: &str) -> Vec<u32> {
+        s.bytes().map(|b| b as u32 + 2).collect()
+    }
+
+    #[test]
+    fn a_chat_is_rendered_with_the_generation_prompt_and_no_added_specials() {
+        let tk = tokenizer();
+        let ids = prompt_ids(&tk, PromptField::Chat, br#"{"model":"m","messages":[{"role":"user","content":"xab"}]}"#);
+        let mut want = vec![0];
+        want.extend(bytes("user\nx"));
+        want.push(258);
+        want.push(1);
+        want.extend(bytes("\n"));
+        want.push(0);
+        want.extend(bytes("assistant\n"));
+        assert_eq!(ids, Some(want));
+        // continue_final_message leaves the generation prompt out.
+        let cont = prompt_ids(
+            &tk,
+            PromptField::Chat,
+            br#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
+        )
+        .unwrap();
+        assert_eq!(cont.last(), Some(&(b'\n' as u32 + 2)));
+    }
+
+    #[test]
+    fn prompts_as_text_ids_or_a_batch_of_one() {
+        let tk = tokenizer();
+        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":"ab c"}"#), Some(vec![258, 34, 101]));
+        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":[7,8,9]}"#), Some(vec![7, 8, 9]));
+        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":["ab"]}"#), Some(vec![258]));
+        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":[[1,2]]}"#), Some(vec![1, 2]));
+        assert_eq!(prompt_ids(&tk, PromptField::Generate, br#"{"text":"ab","input_ids":[5]}"#), Some(vec![5]));
+        assert_eq!(prompt_ids(&tk, PromptField::Generate, br#"{"text":"ab"}"#), Some(vec![258]));
+    }
+
+    #[test]
+    fn no_ids_where_the_engine_keys_elsewhere_or_cannot_be_read() {
+        let tk = tokenizer();
+        for body in [
+            &br#"{"prompt":"ab","lora_path":"sql"}"#[..],
+            br#"{"prompt":"ab","cache_salt":"s"}"#,
+            br#"{"prompt":["a","b"]}"#,
+            br#"{"prompt":[-1]}"#,
+            br#"{"prompt":"#,
+            br#"[1]"#,
+        ] {
+            assert_eq!(prompt_ids(&tk, PromptField::Completion, body), None, "{}", String::from_utf8_lossy(body));
+        }
+        // A null namespace field is no namespace.
+        assert!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":"ab","lora_path":null}"#).is_some());
+    }
+
+    /// smg-sim's HTTP workers (--tokenize-http) count and cache prompts with their own encoder;
+    /// the gateway must compute the same ids from the same files, or no block would match.
+    #[test]
+    fn the_simulators_encoder_agrees_with_the_tokenizer_it_writes() {
+        use smg_loadtest::sim::grpc::tokenizer as sim;
+        let files = sim::files();
+        let file = |n: &str| files.iter().find(|f| f.0 == n).map(|f| f.1.clone()).unwrap();
+        let tk = Tokenizer::from_parts(file("tokenizer.json").as_bytes(), Some(&file("tokenizer_config.json")), None)
+            .unwrap();
+        let corpus = [
+            "the answer is a simple story",
+            "<|im_start|>user\nhello  world,\n\n  the river's 42 cats'd!<|im_end|>\n<|im_start|>assistant\n",
+            "  leading spaces and trailing   ",
+            "tabs\tand\r\nnewlines\n",
+            "caf\u{e9} na\u{ef}ve \u{4e16}\u{754c} 123abc abc123 ...?! 'll 've 're",
+            "thethe andand theanswer xyz qqq",
+            "",
+            " ",
+            "<|start|>assistant<|channel|>final<|message|>ok<|return|>",
+        ];
+        for text in corpus {
+            assert_eq!(sim::encode(text), tk.encode(text, false).unwrap(), "{text:?}");
+        }
+        // The rendered chat: the simulator renders ChatML itself.
+        let body =
+            br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"the river story"}]}"#;
+        let want = sim::encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe river story<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(prompt_ids(&tk, PromptField::Chat, body), Some(want));
+    }
+}
