@@ -390,7 +390,7 @@ impl Shard {
         snap: &Snapshot,
         positions: &[usize],
         now: Instant,
-    ) -> Result<usize, RouteError> {
+    ) -> Result<Choice, RouteError> {
         self.pick_by(&self.router, input, snap, positions, now)
     }
 
@@ -401,7 +401,7 @@ impl Shard {
         snap: &Snapshot,
         positions: &[usize],
         now: Instant,
-    ) -> Result<usize, RouteError> {
+    ) -> Result<Choice, RouteError> {
         self.pick_by(&self.prefill_router, input, snap, positions, now)
     }
 
@@ -412,12 +412,14 @@ impl Shard {
         snap: &Snapshot,
         positions: &[usize],
         now: Instant,
-    ) -> Result<usize, RouteError> {
+    ) -> Result<Choice, RouteError> {
         let mut cands = self.candidates(snap, positions);
-        if let Some(tokens) = input.tokens {
+        // A request under a LoRA adapter (or salt) is not in the base model's blocks.
+        if let (Some(tokens), None) = (input.tokens, input.namespace) {
             self.kv_prefixes(tokens, snap, positions, &mut cands);
         }
-        router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)
+        let index = router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)?;
+        Ok(Choice { index, cached: cands[index].cached })
     }
 
     fn candidates<'s>(&self, snap: &'s Snapshot, positions: &[usize]) -> Vec<Candidate<'s>> {
@@ -813,6 +815,14 @@ impl Heartbeats {
             .iter()
             .all(|s| now.saturating_sub(s.load(std::sync::atomic::Ordering::Relaxed)) <= limit.as_millis() as u64)
     }
+}
+
+/// What the router chose: the candidate's index, and the prompt tokens its engine holds by
+/// its KV-cache events (None: it sends none, or the request had no ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub index: usize,
+    pub cached: Option<usize>,
 }
 
 /// A request's count on one worker's load, released when the request finishes.

@@ -252,7 +252,7 @@ fn a_worker_of_unknown_make_gets_decisions_byte_for_byte() {
 
 /// The simulator's token id for `text` (one token of its vocabulary).
 fn sim_token(text: &str) -> u32 {
-    use smg_loadtest::sim::grpc::tokenizer as t;
+    use smg_loadtest::sim::tokenizer as t;
     (0..t::vocab_size() as u32).find(|&i| t::token_text(i) == text).unwrap_or_else(|| panic!("no token {text:?}"))
 }
 

@@ -42,7 +42,7 @@ fn grpc_workers_register_with_their_model_and_tokenizer() {
 }
 
 use smg_loadtest::sim::grpc::generate::{seed_of, token_at};
-use smg_loadtest::sim::grpc::tokenizer::token_text;
+use smg_loadtest::sim::tokenizer::token_text;
 
 /// What the simulator says for engine request `rid`, sample `index`: `words` whole words.
 fn sim_text(rid: &str, index: u32, words: u32) -> String {
@@ -700,7 +700,7 @@ fn completions_echo_the_prompt_and_append_the_suffix() {
         assert_eq!(fin[0].as_deref(), Some("stop"));
         assert!(evs[0]["choices"][0]["text"].as_str().unwrap().starts_with("Once upon"), "echo leads: {evs:?}");
         // A token-id prompt is echoed as its text; two prompts each echo their own.
-        use smg_loadtest::sim::grpc::tokenizer::word;
+        use smg_loadtest::sim::tokenizer::word;
         let ids = [word(3, false), word(7, true)];
         let prompt_text: String = ids.iter().map(|&t| token_text(t)).collect();
         let v = post(
@@ -1034,7 +1034,7 @@ fn an_embedding_models_grpc_workers_embed_each_input_in_order() {
 /// sample's whole text so far and its new ids.
 #[test]
 fn generate_speaks_sglangs_native_shape_on_grpc_workers() {
-    use smg_loadtest::sim::grpc::tokenizer::{token_text, IM_END_ID};
+    use smg_loadtest::sim::tokenizer::{token_text, IM_END_ID};
     let text_of = |ids: &sonic_rs::Value| -> String {
         ids.as_array().unwrap().iter().map(|i| token_text(i.as_u64().unwrap() as u32)).collect()
     };

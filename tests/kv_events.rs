@@ -84,6 +84,12 @@ fn warm_prefixes_go_where_the_events_say_and_replicas_agree() {
         }
         let live = format!(r#"smg_kv_events_live{{worker="{}"}}"#, w[0].grpc_url());
         assert_eq!(metric(am, &live), Some(1.0));
+        // The engine's cached_tokens (GenerateComplete) confirm every predicted prefix.
+        for s in &w {
+            let series = |name: &str| metric(bm, &format!(r#"{name}{{worker="{}"}}"#, s.grpc_url()));
+            assert!(series("smg_kv_predicted_cached_tokens_total").unwrap_or(0.0) >= 4.0 * 16.0);
+            assert_eq!(series("smg_kv_prediction_precision"), Some(1.0));
+        }
     });
 }
 
@@ -264,7 +270,7 @@ fn chat(i: usize, turns: usize) -> String {
 /// eight conversations send each next turn to the worker that holds the earlier ones.
 #[test]
 fn http_chats_are_tokenized_and_matched_on_their_engines_blocks() {
-    let dir = smg_loadtest::sim::grpc::tokenizer::ensure_dir(None).unwrap();
+    let dir = smg_loadtest::sim::tokenizer::ensure_dir(None).unwrap();
     let dir = dir.to_str().unwrap().to_string();
     both_drivers(|legacy| {
         let flags = ["--tokenize-http", "--kv-events-endpoint", "tcp://127.0.0.1:0"];
@@ -337,6 +343,16 @@ fn http_chats_are_tokenized_and_matched_on_their_engines_blocks() {
             };
             let want = (w[i % 2].url(), true);
             assert_eq!((route(a.port), route(b.port)), (want.clone(), want), "conversation {i}");
+        }
+        // The precision metric: every prefix predicted was the engine's cached_tokens.
+        for m in [am, bm] {
+            for s in &w {
+                let series = |name: &str| metric(m, &format!(r#"{name}{{worker="{}"}}"#, s.url()));
+                let predicted = series("smg_kv_predicted_cached_tokens_total").unwrap_or(0.0);
+                assert!(predicted >= 4.0 * 16.0, "{predicted}");
+                assert_eq!(series("smg_kv_confirmed_cached_tokens_total"), Some(predicted));
+                assert_eq!(series("smg_kv_prediction_precision"), Some(1.0));
+            }
         }
     });
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use grpc_client::*;
-use smg_loadtest::sim::grpc::{generate, tokenizer};
+use smg_loadtest::sim::grpc::generate;
+use smg_loadtest::sim::tokenizer;
 use smg_proto::paths::sglang_scheduler as path;
 use smg_proto::scheduler::{self as pb, generate_complete::MatchedStop};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};

@@ -70,7 +70,7 @@ mod tests {
 
     #[test]
     fn reads_the_simulators_bundle() {
-        let files = smg_loadtest::sim::grpc::tokenizer::files();
+        let files = smg_loadtest::sim::tokenizer::files();
         let zip = smg_loadtest::sim::grpc::bundle::stored_zip(files.iter().map(|(n, b)| (*n, b.as_bytes())));
         let got = entries(&zip).unwrap();
         assert_eq!(got.len(), 3);

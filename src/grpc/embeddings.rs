@@ -185,7 +185,7 @@ fn put_f32(out: &mut Vec<u8>, x: f32) {
 mod tests {
     use std::sync::Arc;
 
-    use smg_loadtest::sim::grpc::tokenizer as sim;
+    use smg_loadtest::sim::tokenizer as sim;
 
     use super::*;
     use crate::tokenizer::Tokenizer;

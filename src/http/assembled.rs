@@ -76,13 +76,15 @@ impl Assembled {
     }
 
     /// Ends the response (the last chunk, or the JSON body): how it ended, and its figures,
-    /// with the engine's token counts as the usage a tenant budget settles on.
+    /// with the engine's token counts as the usage a tenant budget settles on (and its cached
+    /// prompt tokens, which the KV precision metric reads).
     pub async fn finish(
         mut self,
         stream: &mut TcpStream,
         end: RelayEnd,
         prompt: u64,
         completion: u64,
+        cached: Option<u64>,
     ) -> (RelayEnd, RelayStats) {
         let mut buf = Vec::new();
         if let Some(body) = self.body.take() {
@@ -101,7 +103,7 @@ impl Assembled {
             first_byte: self.first_byte,
             bytes: self.bytes,
             close_delimited: self.raw || self.close,
-            usage: UsageScan { on: true, prompt: Some(prompt), completion: Some(completion) },
+            usage: UsageScan { on: true, prompt: Some(prompt), completion: Some(completion), cached },
             ..RelayStats::default()
         };
         (end, stats)

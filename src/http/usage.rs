@@ -9,13 +9,15 @@ use std::sync::OnceLock;
 
 use memchr::memmem::Finder;
 
-/// What was found: `prompt_tokens` and `completion_tokens` of the last non-null usage.
+/// What was found: `prompt_tokens` and `completion_tokens` of the last non-null usage, and
+/// its `cached_tokens` (in `prompt_tokens_details`, or SGLang's top-level field) if any.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UsageScan {
     /// Scan at all (a token budget wants the figure).
     pub on: bool,
     pub prompt: Option<u64>,
     pub completion: Option<u64>,
+    pub cached: Option<u64>,
 }
 
 fn finder() -> &'static Finder<'static> {
@@ -31,9 +33,10 @@ impl UsageScan {
             return;
         }
         for at in finder().find_iter(data) {
-            if let Some((p, c)) = parse_usage(&data[at + 7..]) {
+            if let Some((p, c, cached)) = parse_usage(&data[at + 7..]) {
                 self.prompt = Some(p);
                 self.completion = Some(c);
+                self.cached = cached;
             }
         }
     }
@@ -46,7 +49,7 @@ impl UsageScan {
 
 /// `: {... "prompt_tokens": P ... "completion_tokens": C ...}` → (P, C), looking no further
 /// than the object's end (nested objects such as `prompt_tokens_details` are skipped over).
-fn parse_usage(rest: &[u8]) -> Option<(u64, u64)> {
+fn parse_usage(rest: &[u8]) -> Option<(u64, u64, Option<u64>)> {
     let mut i = 0;
     while i < rest.len() && matches!(rest[i], b' ' | b'\t' | b'\r' | b'\n' | b':') {
         i += 1;
@@ -72,7 +75,9 @@ fn parse_usage(rest: &[u8]) -> Option<(u64, u64)> {
     let obj = &rest[start..end?];
     let pair = |p: &[u8], c: &[u8]| Some((number_after(obj, p)?, number_after(obj, c)?));
     // OpenAI's chat and completions names, else the Responses / Messages / Decisions ones.
-    pair(b"\"prompt_tokens\"", b"\"completion_tokens\"").or_else(|| pair(b"\"input_tokens\"", b"\"output_tokens\""))
+    let (p, c) = pair(b"\"prompt_tokens\"", b"\"completion_tokens\"")
+        .or_else(|| pair(b"\"input_tokens\"", b"\"output_tokens\""))?;
+    Some((p, c, number_after(obj, b"\"cached_tokens\"")))
 }
 
 fn number_after(obj: &[u8], key: &[u8]) -> Option<u64> {
@@ -103,13 +108,14 @@ mod tests {
     fn finds_json_and_sse_usage() {
         let body = br#"{"id":"x","choices":[],"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens":30,"total_tokens":42}}"#;
         assert_eq!(scan(&[body]).total(), Some(42));
+        assert_eq!(scan(&[body]).cached, Some(4));
         let sse: [&[u8]; 3] = [
             b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n",
             b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\n",
             b"data: [DONE]\n\n",
         ];
         let s = scan(&sse);
-        assert_eq!((s.prompt, s.completion), (Some(5), Some(7)));
+        assert_eq!((s.prompt, s.completion, s.cached), (Some(5), Some(7), None));
         assert_eq!(scan(&[b"{\"usage\": {\"prompt_tokens\": 3}}"]).total(), None, "incomplete usage is no figure");
         assert_eq!(UsageScan::default().total(), None);
         let decisions = br#"{"answers":[],"usage":{"input_tokens":9,"output_tokens":0,"input_tokens_details":{"cached_tokens":0}}}"#;

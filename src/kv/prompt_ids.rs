@@ -147,7 +147,7 @@ mod tests {
     /// the gateway must compute the same ids from the same files, or no block would match.
     #[test]
     fn the_simulators_encoder_agrees_with_the_tokenizer_it_writes() {
-        use smg_loadtest::sim::grpc::tokenizer as sim;
+        use smg_loadtest::sim::tokenizer as sim;
         let files = sim::files();
         let file = |n: &str| files.iter().find(|f| f.0 == n).map(|f| f.1.clone()).unwrap();
         let tk = Tokenizer::from_parts(file("tokenizer.json").as_bytes(), Some(&file("tokenizer_config.json")), None)

@@ -291,6 +291,38 @@ pub fn render(c: &Counts, g: &Gauges<'_>, bounds: &[f64], policy: &str) -> Strin
             }
         }
     }
+    if !c.kv_precision.is_empty() {
+        let series = [
+            (
+                "smg_kv_predicted_cached_tokens_total",
+                "Prompt tokens routing expected each worker to hold, by its KV-cache events",
+            ),
+            (
+                "smg_kv_confirmed_cached_tokens_total",
+                "Of those, the tokens its engine reported cached (cached_tokens in usage)",
+            ),
+            (
+                "smg_kv_engine_cached_tokens_total",
+                "Cached prompt tokens the engine reported on requests routed by its events",
+            ),
+        ];
+        for (i, (name, help)) in series.iter().enumerate() {
+            family(&mut out, name, "counter", help);
+            for (w, n) in c.kv_precision.iter() {
+                let _ = writeln!(out, "{name}{} {}", labels(&[("worker", w)]), n[i]);
+            }
+        }
+        family(
+            &mut out,
+            "smg_kv_prediction_precision",
+            "gauge",
+            "Confirmed over predicted cached tokens per worker (1: every predicted prefix was cached)",
+        );
+        for (w, n) in c.kv_precision.iter().filter(|(_, n)| n[0] > 0) {
+            let _ =
+                writeln!(out, "smg_kv_prediction_precision{} {}", labels(&[("worker", w)]), n[1] as f64 / n[0] as f64);
+        }
+    }
     family(
         &mut out,
         "smg_worker_selection_total",
@@ -483,6 +515,7 @@ mod tests {
             worker_error: None,
             class: None,
             body_path: None,
+            kv_precision: Some(("http://w1", 64, 48)),
         });
         let snap = Snapshot::default();
         let g = Gauges {
@@ -511,6 +544,10 @@ mod tests {
             "smg_router_requests_total{router_type=\"http\",backend_type=\"regular\",connection_mode=\"http\",model=\"m\\\"x\",endpoint=\"chat\",streaming=\"true\"} 1",
             "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"chat\"} 1",
             "smg_admission_permits_free 8",
+            "smg_kv_predicted_cached_tokens_total{worker=\"http://w1\"} 64",
+            "smg_kv_confirmed_cached_tokens_total{worker=\"http://w1\"} 48",
+            "smg_kv_engine_cached_tokens_total{worker=\"http://w1\"} 48",
+            "smg_kv_prediction_precision{worker=\"http://w1\"} 0.75",
         ] {
             assert!(text.contains(line), "missing {line}\n{text}");
         }

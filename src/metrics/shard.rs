@@ -32,6 +32,10 @@ impl<K, V: Default> Small<K, V> {
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.0.iter().map(|(k, v)| (k, v))
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl<K: Key, V: Default> Small<K, V> {
@@ -159,6 +163,9 @@ pub struct Counts {
     pub scheduler: Small<(Label, Label), u64>,
     /// (path, reason) → requests.
     pub body_path: Small<(Label, Label), u64>,
+    /// worker URL → KV prediction tokens: [predicted cached, of those the engine confirmed,
+    /// the engine's cached].
+    pub kv_precision: Small<Box<str>, [u64; 3]>,
     pub access_log_dropped: u64,
 }
 
@@ -205,6 +212,12 @@ impl Counts {
         for (k, n) in o.body_path.iter() {
             *self.body_path.at(*k) += n;
         }
+        for (w, n) in o.kv_precision.iter() {
+            let m = self.kv_precision.at_name(w);
+            for i in 0..3 {
+                m[i] += n[i];
+            }
+        }
         self.access_log_dropped += o.access_log_dropped;
     }
 }
@@ -228,6 +241,9 @@ pub struct Finished<'a> {
     pub class: Option<&'static str>,
     /// Streamed or buffered, and why (the routes whose bodies may stream).
     pub body_path: Option<(&'static str, &'static str)>,
+    /// A request routed on its worker's KV-cache events whose engine reported cached
+    /// tokens: (worker URL, tokens predicted cached, tokens the engine says were cached).
+    pub kv_precision: Option<(&'a str, u64, u64)>,
 }
 
 pub struct Routed<'a> {
@@ -286,6 +302,12 @@ impl ShardMetrics {
         }
         if let Some(k) = f.body_path {
             *c.body_path.at(k) += 1;
+        }
+        if let Some((worker, predicted, engine)) = f.kv_precision {
+            let m = c.kv_precision.at_name(worker);
+            m[0] += predicted;
+            m[1] += predicted.min(engine);
+            m[2] += engine;
         }
         let Some(r) = &f.routed else { return };
         *c.upstream.at((f.status, f.error_code)) += 1;

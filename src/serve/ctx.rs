@@ -135,6 +135,11 @@ pub struct RequestCtx {
     /// Tokens the worker says the request used, where it is not a relayed body's `usage`
     /// (Decisions); `finish` settles the budget with it.
     pub used_tokens: Option<u64>,
+    /// The KV precision metric's two sides: the prompt tokens the chosen worker holds by its
+    /// KV-cache events, as routing read them (set by `pick`), and the `cached_tokens` its
+    /// engine reported (set by `finish` from the relayed usage).
+    pub kv_predicted: Option<u64>,
+    pub engine_cached: Option<u64>,
     /// It failed with every attempt the retry policy allows used.
     pub retries_exhausted: bool,
     pub timings: Timings,
@@ -212,6 +217,8 @@ impl RequestCtx {
             attempts: 0,
             verdicts: Verdicts::default(),
             used_tokens: None,
+            kv_predicted: None,
+            engine_cached: None,
             retries_exhausted: false,
             timings: Timings {
                 started: crate::clock::now(),

@@ -99,6 +99,7 @@ pub async fn finish(
             }
             ctx.timings.first_byte = stats.first_byte;
             ctx.bytes_out = stats.bytes;
+            ctx.engine_cached = stats.usage.cached;
             if let RelayEnd::Worker { why, .. } = &end {
                 crate::warn!(
                     "request {}: worker {} {why} after {:?}; client response cut short",
@@ -245,6 +246,12 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
         worker_error: (ctx.chosen.is_some() && ctx.status >= 500).then(|| metrics::error_type(ctx.status)),
         class: ctx.class.map(|c| c.as_str()),
         body_path: ctx.body_path,
+        kv_precision: match (ctx.kv_predicted, ctx.engine_cached, &ctx.chosen) {
+            (Some(p), Some(c), Some(chosen)) if (200..300).contains(&ctx.status) => {
+                Some((chosen.worker().url.url.as_str(), p, c))
+            }
+            _ => None,
+        },
     });
     // The buffer may be gone (a body read that timed out takes it with the cancelled read).
     if let Some((ids, start)) = ctx.span {

@@ -97,7 +97,7 @@ pub async fn relay(
         conn.buf.clear();
         shard.put_conn(worker.id, conn);
     }
-    let (end, stats) = out.finish(&mut client.stream, end, usage.0, usage.1).await;
+    let (end, stats) = out.finish(&mut client.stream, end, usage.0, usage.1, None).await;
     Ok(Outcome::Relayed { end, stats })
 }
 

@@ -95,6 +95,8 @@ pub fn pick_worker(
     if let Some(c) = &ctx.chosen {
         return Ok(c.picked.clone());
     }
+    // A new choice: what an earlier attempt predicted was for another worker.
+    ctx.kv_predicted = None;
     if spec.realtime {
         return pick_realtime(shard, head, buf, ctx, avoid);
     }
@@ -190,9 +192,11 @@ pub fn pick_worker(
     let now = crate::clock::now();
     ctx.timings.upstream_started = Some(now);
     match shard.pick(&input, &snap, positions, now) {
-        Ok(i) => {
-            let pos = positions[i];
+        Ok(choice) => {
+            let pos = positions[choice.index];
             let prefill = pick_prefill(shard, &snap, pos, &input, avoid, now)?;
+            // A pair's prefill worker holds the cache; the metric reads single workers only.
+            ctx.kv_predicted = choice.cached.filter(|_| prefill.is_none()).map(|c| c as u64);
             Ok(chosen(shard, ctx, Picked::new(snap.clone(), pos, prefill.as_ref().map(|p| p.0)), prefill))
         }
         Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(model).into()),
@@ -257,7 +261,7 @@ fn pick_prefill(
         return Err(no_prefill());
     }
     match shard.pick_prefill(input, snap, positions, now) {
-        Ok(i) => Ok(Some((positions[i], shard.hold_load(snap.workers[positions[i]].id)))),
+        Ok(c) => Ok(Some((positions[c.index], shard.hold_load(snap.workers[positions[c.index]].id)))),
         Err(RouteError::NoWorker) => Err(no_prefill()),
     }
 }

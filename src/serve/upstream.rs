@@ -367,7 +367,7 @@ pub async fn relay_response(
     // The first byte's time is taken only when something reads it (metrics, the access log,
     // traces): a clock read per request is not free.
     let mut stats = RelayStats { timed: shard.accounting(), ..RelayStats::default() };
-    stats.usage.on = ctx.reservation.is_some();
+    stats.usage.on = ctx.reservation.is_some() || ctx.kv_predicted.is_some();
     // A streamed response is as long as the generation; any other is held to the cap.
     stats.cap = (!ctx.streaming).then_some(shard.cfg().max_payload_size as u64);
     let (end, spare) =

@@ -220,7 +220,7 @@ mod tests {
     /// fast encode (the gRPC benchmarks against the simulator measure that path).
     #[test]
     fn the_simulators_tokenizer_takes_the_fast_encode() {
-        use smg_loadtest::sim::grpc::tokenizer as sim;
+        use smg_loadtest::sim::tokenizer as sim;
         let t =
             Tokenizer::from_parts(sim::tokenizer_json().as_bytes(), Some(&sim::tokenizer_config_json()), None).unwrap();
         assert!(t.has_fast_encode());

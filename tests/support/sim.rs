@@ -80,7 +80,7 @@ impl Sim {
 /// with `template` as its chat template.
 #[allow(dead_code)] // Not every test file that includes support/ uses it.
 pub fn tokenizer_dir_with_template(template: &str) -> std::path::PathBuf {
-    use smg_loadtest::sim::grpc::tokenizer::tokenizer_json;
+    use smg_loadtest::sim::tokenizer::tokenizer_json;
     let dir = std::env::temp_dir().join(format!("smg-template-{}-{}", std::process::id(), free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();

@@ -31,6 +31,7 @@ pub mod request;
 pub mod routes;
 pub mod systemone;
 pub mod timing;
+pub mod tokenizer;
 pub mod worker;
 pub mod zmq_events;
 
@@ -50,11 +51,11 @@ use worker::Worker;
 pub fn run(args: SimArgs) -> Result<(), String> {
     let mut specs = args.worker_specs()?;
     if args.tokenize_http && !args.grpc {
-        grpc::tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
+        tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
             .map_err(|e| format!("writing the simulated tokenizer: {e}"))?;
     }
     if args.grpc {
-        let dir = grpc::tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
+        let dir = tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
             .map_err(|e| format!("writing the simulated tokenizer: {e}"))?;
         let advertised_path =
             args.advertise_tokenizer_path.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());

@@ -240,7 +240,7 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
     bump(&w.stats.inference, 1);
     let ids = match api {
         Api::Chat | Api::Completions | Api::Generate if w.tokenize_http => {
-            crate::sim::grpc::tokenizer::http_prompt_ids(api == Api::Chat, &req.prompt)
+            crate::sim::tokenizer::http_prompt_ids(api == Api::Chat, &req.prompt)
         }
         _ => None,
     };

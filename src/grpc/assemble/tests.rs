@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use smg_loadtest::sim::grpc::tokenizer as sim;
+use smg_loadtest::sim::tokenizer as sim;
 use smg_proto::scheduler::generate_response::Response;
 use smg_proto::scheduler::{GenerateComplete, GenerateStreamChunk, TopLogProbs};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};

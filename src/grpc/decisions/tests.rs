@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use smg_loadtest::sim::grpc::tokenizer as sim;
+use smg_loadtest::sim::tokenizer as sim;
 use smg_proto::scheduler::{OutputLogProbs, TopLogProbs};
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 

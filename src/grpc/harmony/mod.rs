@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn a_model_is_harmony_by_name_architecture_or_type_when_its_vocabulary_has_the_tokens() {
-        use smg_loadtest::sim::grpc::tokenizer as sim;
+        use smg_loadtest::sim::tokenizer as sim;
         let with = Tokenizer::from_parts(sim::tokenizer_json().as_bytes(), Some(&sim::tokenizer_config_json()), None)
             .expect("the simulator's tokenizer");
         let arch = |a: &str| vec![a.to_string()];

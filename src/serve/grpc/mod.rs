@@ -543,6 +543,6 @@ async fn end(
     end: RelayEnd,
 ) -> Outcome {
     ctx.status = 200;
-    let (end, stats) = out.finish(&mut client.stream, end, usage.prompt, usage.completion).await;
+    let (end, stats) = out.finish(&mut client.stream, end, usage.prompt, usage.completion, Some(usage.cached)).await;
     Outcome::Relayed { end, stats }
 }

@@ -10,8 +10,8 @@ use h2::RecvStream;
 use sha2::{Digest, Sha256};
 use smg_proto::common::{GetTokenizerChunk, GetTokenizerRequest};
 
-use crate::sim::grpc::tokenizer;
 use crate::sim::grpc::wire::{self, reject};
+use crate::sim::tokenizer;
 
 /// Bytes of archive per streamed message.
 const CHUNK: usize = 64 * 1024;

@@ -5,8 +5,8 @@
 
 use smg_proto::scheduler::{EmbedRequest, EmbedResponse};
 
-use crate::sim::grpc::tokenizer::CONTEXT_LENGTH;
 use crate::sim::grpc::wire::{Code, Status};
+use crate::sim::tokenizer::CONTEXT_LENGTH;
 use crate::sim::worker::{bump, Worker};
 
 pub fn embed(w: &Worker, req: EmbedRequest) -> Result<EmbedResponse, Status> {

@@ -60,12 +60,12 @@ use smg_proto::scheduler::{
 use crate::sim::faults::{self, Fault};
 use crate::sim::grpc::disagg::{self, Received};
 use crate::sim::grpc::stream::{gone, response, End};
-use crate::sim::grpc::tokenizer::{self, CONTEXT_LENGTH};
 use crate::sim::grpc::wire::{self, reject, Code, Status};
 use crate::sim::grpc::{llama, markup};
 use crate::sim::pd::Handoff;
 use crate::sim::render::put_json_str;
 use crate::sim::timing;
+use crate::sim::tokenizer::{self, CONTEXT_LENGTH};
 use crate::sim::worker::{bump, Worker};
 use crate::sync::Event;
 

@@ -12,8 +12,8 @@ use smg_proto::scheduler::{
     HealthCheckResponse, SchedulerLoad,
 };
 
-use crate::sim::grpc::tokenizer::{self, CONTEXT_LENGTH};
 use crate::sim::grpc::wire::{Code, Status};
+use crate::sim::tokenizer::{self, CONTEXT_LENGTH};
 use crate::sim::worker::Worker;
 
 /// The simulated engine's version, as the HTTP mode reports it.

@@ -7,7 +7,7 @@
 
 use smg_parsers::markup;
 
-use super::tokenizer;
+use crate::sim::tokenizer;
 
 const CITIES: &[&str] = &["Paris", "東京", "São Paulo", "Zürich", "New York"];
 

@@ -27,7 +27,6 @@ pub mod rewind;
 pub mod server;
 pub mod stream;
 pub mod subscribe;
-pub mod tokenizer;
 pub mod wire;
 
 use std::rc::Rc;

@@ -1,6 +1,7 @@
 //! The simulated model's tokenizer: a small, valid Hugging Face byte-level BPE (GPT-2 style) that
 //! the simulator writes to a directory and names in GetModelInfo.tokenizer_path, so a gateway
-//! tokenizes prompts and detokenizes the simulator's output like a real model's.
+//! tokenizes prompts and detokenizes the simulator's output like a real model's. HTTP workers
+//! with --tokenize-http encode their prompts with it too ([`encode`]), as an engine would.
 //!
 //! Vocabulary: three ChatML special tokens, the 256 byte tokens, then every prefix of a list of
 //! common English words, bare and with a leading space (`Ġ`), built by one merge per letter.
