@@ -157,6 +157,8 @@ pub struct Shard {
     /// The tokenizer HTTP requests are matched with (`--tokenizer-path`), from the events
     /// thread once loaded.
     prompt_tokenizer: RefCell<Option<Arc<crate::tokenizer::Tokenizer>>>,
+    /// What this shard just routed by the events, held for `--selection-accounting-ttl-ms`.
+    bookings: RefCell<Option<crate::kv::bookings::Bookings>>,
     /// The priority scheduler (None without `--priority-scheduler-enabled`).
     scheduler: Option<Rc<RefCell<Scheduler>>>,
     /// None with `--prometheus-port 0`.
@@ -242,6 +244,7 @@ impl Shard {
             pd_pools,
             kv: RefCell::new(BlockIndex::default()),
             prompt_tokenizer: RefCell::new(None),
+            bookings: RefCell::new(crate::kv::bookings::Bookings::new(cfg.routing.selection_accounting_ttl)),
             scheduler,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
             access: AccessLog::new(peers.access_log, cfg.log_json),
@@ -415,11 +418,26 @@ impl Shard {
     ) -> Result<Choice, RouteError> {
         let mut cands = self.candidates(snap, positions);
         // A request under a LoRA adapter (or salt) is not in the base model's blocks.
-        if let (Some(tokens), None) = (input.tokens, input.namespace) {
-            self.kv_prefixes(tokens, snap, positions, &mut cands);
+        let kv_ids = input.tokens.filter(|_| input.namespace.is_none());
+        if let Some(tokens) = kv_ids {
+            self.kv_prefixes(tokens, snap, positions, &mut cands, now);
         }
         let index = router.borrow_mut().pick_versioned(input, &cands, snap.generation, now)?;
+        if let (Some(tokens), Some(_)) = (kv_ids, cands[index].cached) {
+            self.book(tokens, snap.workers[positions[index]].id, now);
+        }
         Ok(Choice { index, cached: cands[index].cached })
+    }
+
+    /// `--selection-accounting-ttl-ms`: `tokens`' blocks count as held by `worker` (its events
+    /// flow) until its events catch up or the TTL passes.
+    fn book(&self, tokens: &[u32], worker: crate::workers::WorkerId, now: Instant) {
+        let mut bookings = self.bookings.borrow_mut();
+        let Some(b) = bookings.as_mut() else { return };
+        let Some(bs) = self.kv.borrow().live(worker) else { return };
+        let mut keys = Vec::new();
+        request_keys(tokens, bs as usize, 0, &mut keys);
+        b.book(worker, &keys, now);
     }
 
     fn candidates<'s>(&self, snap: &'s Snapshot, positions: &[usize]) -> Vec<Candidate<'s>> {
@@ -459,8 +477,16 @@ impl Shard {
 
     /// Fills in the prefix of `tokens` each candidate's engine holds by its KV-cache events
     /// (the candidates whose events flow; one key chain per block size among them).
-    fn kv_prefixes(&self, tokens: &[u32], snap: &Snapshot, positions: &[usize], cands: &mut [Candidate<'_>]) {
+    fn kv_prefixes(
+        &self,
+        tokens: &[u32],
+        snap: &Snapshot,
+        positions: &[usize],
+        cands: &mut [Candidate<'_>],
+        now: Instant,
+    ) {
         let kv = self.kv.borrow();
+        let bookings = self.bookings.borrow();
         if !kv.any_live() {
             return;
         }
@@ -479,7 +505,8 @@ impl Shard {
             ids.clear();
             ids.extend(live.iter().filter(|l| l.2 == bs).map(|l| l.1));
             kv.prefixes(&keys, &ids, &mut out);
-            for (l, blocks) in live.iter().filter(|l| l.2 == bs).zip(&out) {
+            for (l, &blocks) in live.iter().filter(|l| l.2 == bs).zip(&out) {
+                let blocks = bookings.as_ref().map_or(blocks, |b| b.extend(l.1, &keys, blocks, now));
                 cands[l.0].cached = Some(blocks * bs as usize);
             }
         }

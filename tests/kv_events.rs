@@ -356,3 +356,71 @@ fn http_chats_are_tokenized_and_matched_on_their_engines_blocks() {
         }
     });
 }
+
+/// Two completions prompts in pair `i` whose first 48 token ids (three 16-token blocks) are
+/// the same and whose next ones differ, so their first 64 ids (a cold prompt's rendezvous
+/// head) differ; about 100 ids each.
+fn diverging_pair(i: usize) -> (String, String) {
+    use smg_loadtest::sim::tokenizer::encode;
+    let mut shared = format!("pair {i:02} opens");
+    while encode(&shared).len() < 50 {
+        shared.push_str(" the river");
+    }
+    let fill = |word: &str| {
+        let mut p = format!("{shared} {word} {i}");
+        while encode(&p).len() < 100 {
+            p.push_str(" and the mountain");
+        }
+        p
+    };
+    (fill("alpha"), fill("omega"))
+}
+
+/// `--selection-accounting-ttl-ms`: a request's blocks count as held by the worker it was
+/// sent to until the events say so. The workers fail every request here (nothing is stored,
+/// so no event ever confirms), and a prompt sharing the first request's first blocks still
+/// follows it for the TTL; without bookings it is placed by its own head, and at least one
+/// of 16 lands elsewhere (all 16 alike by chance: one time in 65,536).
+#[test]
+fn bookings_hold_a_new_prefix_until_the_events_arrive() {
+    both_drivers(|legacy| {
+        let w = [Sim::start(MODEL, &["--grpc"]), Sim::start(MODEL, &["--grpc"])];
+        let strict = ["--cores", "1", "--disable-retries", "--disable-circuit-breaker"];
+        let booking: Vec<&str> = strict.iter().copied().chain(["--selection-accounting-ttl-ms", "600000"]).collect();
+        let (with, wm) = following(legacy, &[&w[0], &w[1]], &booking);
+        let (without, om) = following(legacy, &[&w[0], &w[1]], &strict);
+        // Each worker stores a block first, so its events are live (their block size known).
+        let warm = [grpc_gateway(legacy, &[&w[0]], &[]), grpc_gateway(legacy, &[&w[1]], &[])];
+        for (g, s) in warm.iter().zip(&w) {
+            assert_eq!(routed(g.port, &completion(&prompt(99))), s.grpc_url());
+        }
+        for (m, s) in [(wm, &w[0]), (wm, &w[1]), (om, &w[0]), (om, &w[1])] {
+            let live = format!(r#"smg_kv_events_live{{worker="{}"}}"#, s.grpc_url());
+            assert!(wait_until(patience(Duration::from_secs(10)), || metric(m, &live) == Some(1.0)), "{live}");
+        }
+        for s in &w {
+            assert_eq!(s.control(r#"{"fail_rate":1.0}"#).status, 200);
+        }
+        // A failed answer names no worker: the one whose failure count rose served it.
+        let failed = |s: &Sim| s.stats()["failed"].as_u64().unwrap_or(0);
+        let sent_to = |port: u16, p: &str| {
+            let before: Vec<u64> = w.iter().map(failed).collect();
+            let r = post(port, "/v1/completions", &completion(p), &[]);
+            assert!(r.status >= 500, "{} {}", r.status, r.text());
+            let rose: Vec<usize> = (0..2).filter(|&k| failed(&w[k]) > before[k]).collect();
+            assert_eq!(rose.len(), 1, "{rose:?}");
+            w[rose[0]].grpc_url()
+        };
+        let mut elsewhere = 0;
+        for i in 0..16 {
+            let (first, second) = diverging_pair(i);
+            let held = sent_to(with.port, &first);
+            assert_eq!(sent_to(with.port, &second), held, "pair {i}: the booking holds");
+            let guessed = sent_to(without.port, &first);
+            if sent_to(without.port, &second) != guessed {
+                elsewhere += 1;
+            }
+        }
+        assert!(elsewhere > 0, "without bookings every second prompt followed the first");
+    });
+}

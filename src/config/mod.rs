@@ -79,6 +79,11 @@ pub struct LaunchArgs {
     /// cache_aware: seconds between tree eviction sweeps.
     #[arg(long, default_value_t = 120)]
     pub eviction_interval: u64,
+    /// cache_aware with KV-cache events: milliseconds a request's blocks count as held by the
+    /// worker it was sent to, until that worker's events report them (0: off). Set a little
+    /// above the engines' event lag.
+    #[arg(long, default_value_t = 0)]
+    pub selection_accounting_ttl_ms: u64,
     /// cache_aware: budget of each shard's prefix tree, in characters.
     #[arg(long, default_value_t = 67_108_864)]
     pub max_tree_size: usize,
@@ -416,6 +421,7 @@ impl LaunchArgs {
             assignment_mode,
             routing_key_override: self.routing_key_override,
             routing_key_headers: headers,
+            selection_accounting_ttl: std::time::Duration::from_millis(self.selection_accounting_ttl_ms),
         })
     }
 

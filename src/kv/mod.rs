@@ -18,9 +18,12 @@
 //!   every shard the index changes (shard.rs applies them; `cache_aware` reads them through
 //!   each candidate's `cached` prefix).
 //!
+//! - `bookings.rs`: what a shard just sent where, counted as held for a short TTL until the
+//!   events catch up (`--selection-accounting-ttl-ms`).
 //! - `prompt_ids.rs`: an HTTP request's token ids as its engine will compute them
 //!   (`--tokenizer-path`), for matching; gRPC requests carry the gateway's own ids.
 
+pub mod bookings;
 pub mod event;
 pub mod feed;
 pub mod grpc_feed;

@@ -136,6 +136,9 @@ pub struct RoutingConfig {
     pub routing_key_override: bool,
     /// `--routing-key-headers`, lowercased, in priority order.
     pub routing_key_headers: Vec<String>,
+    /// `--selection-accounting-ttl-ms`: how long a request's blocks count as held by the
+    /// worker it was sent to before that worker's KV-cache events say so (zero: off).
+    pub selection_accounting_ttl: std::time::Duration,
 }
 
 // === impl RoutingConfig ===
@@ -156,6 +159,7 @@ impl Default for RoutingConfig {
             assignment_mode: AssignmentMode::default_for(PolicyKind::CacheAware),
             routing_key_override: false,
             routing_key_headers: vec!["x-smg-routing-key".to_string()],
+            selection_accounting_ttl: std::time::Duration::ZERO,
         }
     }
 }

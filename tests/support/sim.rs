@@ -99,7 +99,11 @@ pub fn grpc_gateway(legacy: bool, sims: &[&Sim], extra: &[&str]) -> super::Gatew
     let urls: Vec<String> = sims.iter().map(|s| s.grpc_url()).collect();
     let mut args: Vec<&str> = vec!["--worker-urls"];
     args.extend(urls.iter().map(String::as_str));
-    args.extend_from_slice(&["--cores", "2", "--health-check-interval-secs", "1"]);
+    // Two shards unless the test says how many.
+    if !extra.contains(&"--cores") {
+        args.extend_from_slice(&["--cores", "2"]);
+    }
+    args.extend_from_slice(&["--health-check-interval-secs", "1"]);
     args.extend_from_slice(extra);
     let gw = super::Gateway::start(legacy, &args);
     gw.ready_workers(sims.len());
