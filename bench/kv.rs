@@ -16,6 +16,7 @@ use smg::kv::event::{from_msgpack, EngineHash, KvEvent};
 use smg::kv::index::BlockIndex;
 use smg::kv::keys::{request_keys, Blocks};
 use smg::kv::prompt_ids::{prompt_ids, PromptField};
+use smg::tokenizer::segment_cache::SegmentCache;
 use smg::worker_id::WorkerId;
 
 const BLOCK: usize = 16;
@@ -136,15 +137,30 @@ fn all(c: &mut Criterion) {
         eprintln!("SKIPPED kv_match/2KB_chat_tokenized: no SmolLM2 GGUF (run `bash .ci/llama-worker.sh`)");
         return;
     };
+    // Cold: no segment seen before (a new cache each time). Next turn: the conversation's
+    // earlier messages were tokenized on this shard before (its last message is new).
     let body = chat_body(2 * 1024);
-    c.bench_function("kv_match/2KB_chat_tokenized_8_workers", |b| {
-        b.iter(|| {
-            let ids = prompt_ids(&tk, PromptField::Chat, black_box(body.as_bytes())).unwrap();
-            request_keys(&ids, BLOCK, 0, &mut keys);
-            index.prefixes(&keys, &workers, &mut out);
-            black_box(out[3])
-        })
-    });
+    let earlier = chat_body_without_last(&body);
+    let mut warm = SegmentCache::default();
+    prompt_ids(&tk, PromptField::Chat, earlier.as_bytes(), &mut warm).unwrap();
+    for (name, keep) in [("cold", false), ("next_turn", true)] {
+        c.bench_function(&format!("kv_match/2KB_chat_tokenized_8_workers/{name}"), |b| {
+            b.iter(|| {
+                let mut fresh = SegmentCache::default();
+                let cache = if keep { &mut warm } else { &mut fresh };
+                let ids = prompt_ids(&tk, PromptField::Chat, black_box(body.as_bytes()), cache).unwrap();
+                request_keys(&ids, BLOCK, 0, &mut keys);
+                index.prefixes(&keys, &workers, &mut out);
+                black_box(out[3])
+            })
+        });
+    }
+}
+
+/// The same request without its last message (the turn before).
+fn chat_body_without_last(body: &str) -> String {
+    let cut = body.rfind(r#",{"role""#).unwrap();
+    format!("{}],\"max_tokens\":16}}", &body[..cut])
 }
 
 fn smollm2() -> Option<smg::tokenizer::Tokenizer> {

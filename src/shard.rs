@@ -157,6 +157,8 @@ pub struct Shard {
     /// The tokenizer HTTP requests are matched with (`--tokenizer-path`), from the events
     /// thread once loaded.
     prompt_tokenizer: RefCell<Option<Arc<crate::tokenizer::Tokenizer>>>,
+    /// Its encodings of the conversations' earlier turns (`tokenizer/segment_cache.rs`).
+    prompt_segments: RefCell<crate::tokenizer::segment_cache::SegmentCache>,
     /// What this shard just routed by the events, held for `--selection-accounting-ttl-ms`.
     bookings: RefCell<Option<crate::kv::bookings::Bookings>>,
     /// The priority scheduler (None without `--priority-scheduler-enabled`).
@@ -244,6 +246,7 @@ impl Shard {
             pd_pools,
             kv: RefCell::new(BlockIndex::default()),
             prompt_tokenizer: RefCell::new(None),
+            prompt_segments: RefCell::default(),
             bookings: RefCell::new(crate::kv::bookings::Bookings::new(cfg.routing.selection_accounting_ttl)),
             scheduler,
             metrics: cfg.metrics.as_ref().map(|m| ShardMetrics::new(&m.buckets)),
@@ -472,7 +475,7 @@ impl Shard {
             return None;
         }
         drop(kv);
-        prompt_ids(&tk, field, body)
+        prompt_ids(&tk, field, body, &mut self.prompt_segments.borrow_mut())
     }
 
     /// Fills in the prefix of `tokens` each candidate's engine holds by its KV-cache events

@@ -14,6 +14,7 @@
 
 use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 
+use crate::tokenizer::segment_cache::SegmentCache;
 use crate::tokenizer::Tokenizer;
 
 /// Which endpoint's body: each keeps its prompt under its own field.
@@ -31,7 +32,9 @@ pub enum PromptField {
 const NAMESPACED: [&str; 4] = ["lora_path", "lora_name", "cache_salt", "extra_key"];
 
 /// The prompt's ids, or None when the engine's keys cannot be known (module docs).
-pub fn prompt_ids(tk: &Tokenizer, field: PromptField, body: &[u8]) -> Option<Vec<u32>> {
+/// `cache`: the shard's remembered segments (a conversation's earlier turns are not encoded
+/// again; `tokenizer/segment_cache.rs`).
+pub fn prompt_ids(tk: &Tokenizer, field: PromptField, body: &[u8], cache: &mut SegmentCache) -> Option<Vec<u32>> {
     let v = crate::bounded_json::value(body).ok()?;
     if NAMESPACED.iter().any(|k| v.get(*k).is_some_and(|x| !x.is_null())) {
         return None;
@@ -39,25 +42,25 @@ pub fn prompt_ids(tk: &Tokenizer, field: PromptField, body: &[u8]) -> Option<Vec
     match field {
         PromptField::Chat => {
             let (text, _) = tk.chat_template()?.render_request(&v).ok()?;
-            tk.encode(&text, false).ok()
+            encode(tk, &text, false, cache)
         }
-        PromptField::Completion => one_prompt(tk, v.get("prompt")?),
+        PromptField::Completion => one_prompt(tk, v.get("prompt")?, cache),
         PromptField::Generate => match v.get("input_ids") {
-            Some(ids) => one_prompt(tk, ids),
-            None => one_prompt(tk, v.get("text")?),
+            Some(ids) => one_prompt(tk, ids, cache),
+            None => one_prompt(tk, v.get("text")?, cache),
         },
     }
 }
 
 /// A string, ids, or a batch of one of those.
-fn one_prompt(tk: &Tokenizer, p: &Value) -> Option<Vec<u32>> {
+fn one_prompt(tk: &Tokenizer, p: &Value, cache: &mut SegmentCache) -> Option<Vec<u32>> {
     match p.get_type() {
-        JsonType::String => tk.encode(p.as_str()?, true).ok(),
+        JsonType::String => encode(tk, p.as_str()?, true, cache),
         JsonType::Array => {
             let arr = p.as_array()?;
             match arr.first().map(|x| x.get_type()) {
                 Some(JsonType::Number) => arr.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect(),
-                Some(JsonType::String | JsonType::Array) if arr.len() == 1 => one_prompt(tk, &arr[0]),
+                Some(JsonType::String | JsonType::Array) if arr.len() == 1 => one_prompt(tk, &arr[0], cache),
                 _ => None,
             }
         }
@@ -65,9 +68,19 @@ fn one_prompt(tk: &Tokenizer, p: &Value) -> Option<Vec<u32>> {
     }
 }
 
+fn encode(tk: &Tokenizer, text: &str, add_special: bool, cache: &mut SegmentCache) -> Option<Vec<u32>> {
+    let mut out = Vec::with_capacity(text.len() / 3);
+    tk.encode_cached(text, add_special, cache, &mut out).ok()?;
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ids(tk: &Tokenizer, field: PromptField, body: &[u8]) -> Option<Vec<u32>> {
+        prompt_ids(tk, field, body, &mut SegmentCache::default())
+    }
 
     /// A byte-level tokenizer whose only merge is "a"+"b", with ChatML's specials and a template.
     fn tokenizer() -> Tokenizer {
@@ -96,7 +109,7 @@ mod tests {
     #[test]
     fn a_chat_is_rendered_with_the_generation_prompt_and_no_added_specials() {
         let tk = tokenizer();
-        let ids = prompt_ids(&tk, PromptField::Chat, br#"{"model":"m","messages":[{"role":"user","content":"xab"}]}"#);
+        let got = ids(&tk, PromptField::Chat, br#"{"model":"m","messages":[{"role":"user","content":"xab"}]}"#);
         let mut want = vec![0];
         want.extend(bytes("user\nx"));
         want.push(258);
@@ -104,9 +117,9 @@ mod tests {
         want.extend(bytes("\n"));
         want.push(0);
         want.extend(bytes("assistant\n"));
-        assert_eq!(ids, Some(want));
+        assert_eq!(got, Some(want));
         // continue_final_message leaves the generation prompt out.
-        let cont = prompt_ids(
+        let cont = ids(
             &tk,
             PromptField::Chat,
             br#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
@@ -118,12 +131,12 @@ mod tests {
     #[test]
     fn prompts_as_text_ids_or_a_batch_of_one() {
         let tk = tokenizer();
-        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":"ab c"}"#), Some(vec![258, 34, 101]));
-        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":[7,8,9]}"#), Some(vec![7, 8, 9]));
-        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":["ab"]}"#), Some(vec![258]));
-        assert_eq!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":[[1,2]]}"#), Some(vec![1, 2]));
-        assert_eq!(prompt_ids(&tk, PromptField::Generate, br#"{"text":"ab","input_ids":[5]}"#), Some(vec![5]));
-        assert_eq!(prompt_ids(&tk, PromptField::Generate, br#"{"text":"ab"}"#), Some(vec![258]));
+        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":"ab c"}"#), Some(vec![258, 34, 101]));
+        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":[7,8,9]}"#), Some(vec![7, 8, 9]));
+        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":["ab"]}"#), Some(vec![258]));
+        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":[[1,2]]}"#), Some(vec![1, 2]));
+        assert_eq!(ids(&tk, PromptField::Generate, br#"{"text":"ab","input_ids":[5]}"#), Some(vec![5]));
+        assert_eq!(ids(&tk, PromptField::Generate, br#"{"text":"ab"}"#), Some(vec![258]));
     }
 
     #[test]
@@ -137,10 +150,10 @@ mod tests {
             br#"{"prompt":"#,
             br#"[1]"#,
         ] {
-            assert_eq!(prompt_ids(&tk, PromptField::Completion, body), None, "{}", String::from_utf8_lossy(body));
+            assert_eq!(ids(&tk, PromptField::Completion, body), None, "{}", String::from_utf8_lossy(body));
         }
         // A null namespace field is no namespace.
-        assert!(prompt_ids(&tk, PromptField::Completion, br#"{"prompt":"ab","lora_path":null}"#).is_some());
+        assert!(ids(&tk, PromptField::Completion, br#"{"prompt":"ab","lora_path":null}"#).is_some());
     }
 
     /// smg-sim's HTTP workers (--tokenize-http) count and cache prompts with their own encoder;
@@ -170,6 +183,30 @@ mod tests {
         let body =
             br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"the river story"}]}"#;
         let want = sim::encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe river story<|im_end|>\n<|im_start|>assistant\n");
-        assert_eq!(prompt_ids(&tk, PromptField::Chat, body), Some(want));
+        assert_eq!(ids(&tk, PromptField::Chat, body), Some(want));
+    }
+
+    /// The shard's segment cache changes nothing but the cost: turn after turn of one
+    /// conversation, the ids equal a fresh encode, and the earlier turns are looked up.
+    #[test]
+    fn remembered_segments_give_the_same_ids() {
+        use smg_loadtest::sim::tokenizer as sim;
+        let files = sim::files();
+        let file = |n: &str| files.iter().find(|f| f.0 == n).map(|f| f.1.clone()).unwrap();
+        let tk = Tokenizer::from_parts(file("tokenizer.json").as_bytes(), Some(&file("tokenizer_config.json")), None)
+            .unwrap();
+        assert!(tk.has_fast_encode());
+        let mut cache = SegmentCache::default();
+        let mut msgs = Vec::new();
+        for turn in 0..6 {
+            msgs.push(format!(r#"{{"role":"user","content":"turn {turn}: the river and the mountain, a long story"}}"#));
+            let body = format!(r#"{{"messages":[{}]}}"#, msgs.join(","));
+            let cached = prompt_ids(&tk, PromptField::Chat, body.as_bytes(), &mut cache);
+            assert_eq!(cached, ids(&tk, PromptField::Chat, body.as_bytes()), "turn {turn}");
+            msgs.push(format!(r#"{{"role":"assistant","content":"answer {turn} is the simple story of the city"}}"#));
+        }
+        // Each turn encodes only what is new: the last answer and the new question.
+        assert_eq!(cache.misses, 1 + 2 * 5);
+        assert_eq!(cache.hits, (0..6).map(|t| 2 * t + 1).sum::<u64>() - cache.misses);
     }
 }

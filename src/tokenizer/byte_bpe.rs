@@ -111,15 +111,31 @@ impl ByteBpe {
     /// Appends `text`'s ids to `out`.
     pub fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
         let mut piece = String::with_capacity(64);
+        self.encode_by_segment(text, out, |seg, out| self.encode_segment(seg, &mut piece, out))
+    }
+
+    /// Appends `text`'s ids to `out`: each added token's id, and what `segment` appends for
+    /// the text between them (which encodes on its own: [`Self::encode_plain`]).
+    pub fn encode_by_segment(
+        &self,
+        text: &str,
+        out: &mut Vec<u32>,
+        mut segment: impl FnMut(&str, &mut Vec<u32>) -> Result<(), String>,
+    ) -> Result<(), String> {
         let mut start = 0;
         if let Some((ac, ids)) = &self.added {
             for m in ac.find_iter(text) {
-                self.encode_segment(&text[start..m.start()], &mut piece, out)?;
+                segment(&text[start..m.start()], out)?;
                 out.push(ids[m.pattern().as_usize()]);
                 start = m.end();
             }
         }
-        self.encode_segment(&text[start..], &mut piece, out)
+        segment(&text[start..], out)
+    }
+
+    /// Appends the ids of text that holds no added token.
+    pub fn encode_plain(&self, seg: &str, out: &mut Vec<u32>) -> Result<(), String> {
+        self.encode_segment(seg, &mut String::with_capacity(64), out)
     }
 
     /// Text between added tokens: digits split off one by one (when configured), then the

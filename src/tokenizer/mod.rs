@@ -16,6 +16,7 @@ pub mod from_gguf;
 pub mod gguf;
 pub mod json_value;
 pub mod pyjson;
+pub mod segment_cache;
 pub mod template;
 pub mod thinking;
 
@@ -118,6 +119,24 @@ impl Tokenizer {
         let enc = self.hf.encode_fast(text, add_special).map_err(|e| format!("tokenize: {e}"))?;
         out.extend_from_slice(enc.get_ids());
         Ok(())
+    }
+
+    /// [`Self::encode_into`], with the text between added tokens looked up in `cache` (see
+    /// `segment_cache.rs`) where the fast path makes that exact; the whole text otherwise.
+    pub fn encode_cached(
+        &self,
+        text: &str,
+        add_special: bool,
+        cache: &mut segment_cache::SegmentCache,
+        out: &mut Vec<u32>,
+    ) -> Result<(), String> {
+        match self.fast.as_ref().filter(|_| !add_special || !self.adds_specials()) {
+            Some(f) => {
+                out.clear();
+                f.encode_by_segment(text, out, |seg, out| cache.encode(seg, out, |s, o| f.encode_plain(s, o)))
+            }
+            None => self.encode_into(text, add_special, out),
+        }
     }
 
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, String> {
