@@ -97,6 +97,11 @@ pub struct RunArgs {
     /// Prompt bytes per token when sizing trace prompts (smg-sim's --bytes-per-token).
     #[arg(long, default_value_t = 4)]
     pub trace_bytes_per_token: usize,
+    /// Send only part K of N of the trace: requests K, K+N, K+2N, … (0-based, in trace order),
+    /// at their trace times and with their own prompts. N runs with parts 0/N … N-1/N, each
+    /// against another gateway, are a round-robin client in front of N gateway replicas.
+    #[arg(long, value_name = "K/N", value_parser = parse_part)]
+    pub trace_part: Option<(usize, usize)>,
     /// Write per-request records (records.csv), summary.json and report.html into this directory.
     #[arg(long, value_name = "DIR")]
     pub report: Option<std::path::PathBuf>,
@@ -230,20 +235,39 @@ impl RunArgs {
         }
         let trace = Trace::load(file)?;
         let path = path.unwrap_or(scenario.path());
+        let (k, n) = self.trace_part.unwrap_or((0, 1));
+        let mine = |i: &usize| i % n == k;
         let requests: Vec<bytes::Bytes> = trace
             .bodies(scenario, self.trace_bytes_per_token)
             .iter()
-            .map(|b| build_request("POST", path, authority, &self.headers, b))
+            .enumerate()
+            .filter(|(i, _)| mine(i))
+            .map(|(_, b)| build_request("POST", path, authority, &self.headers, b))
             .collect();
+        if requests.is_empty() {
+            return Err(format!("--trace-part {k}/{n}: no request of the trace's {} is in it", trace.entries.len()));
+        }
+        let schedule: Vec<Duration> =
+            trace.schedule(self.speedup).iter().enumerate().filter(|(i, _)| mine(i)).map(|(_, d)| *d).collect();
         let name = format!("{} trace {file} ({}, x{})", scenario.name, trace.format, self.speedup);
         let mode = Mode::Open {
-            rate: trace.rate(self.speedup),
-            arrivals: Arrivals::Trace(trace.schedule(self.speedup)),
+            rate: trace.rate(self.speedup) / n as f64,
+            arrivals: Arrivals::Trace(Arc::new(schedule)),
             max_conns: self.max_conns,
         };
         let count = Some(self.requests.unwrap_or(requests.len() as u64));
         self.plan_from(addr, name, requests, mode, self.duration, count)
     }
+}
+
+/// `K/N` with K < N.
+fn parse_part(s: &str) -> Result<(usize, usize), String> {
+    let (k, n) = s.split_once('/').ok_or("want K/N, e.g. 0/4")?;
+    let (k, n): (usize, usize) = (k.parse().map_err(|_| "K: a number")?, n.parse().map_err(|_| "N: a number")?);
+    if n == 0 || k >= n {
+        return Err(format!("{s}: want 0 <= K < N"));
+    }
+    Ok((k, n))
 }
 
 /// `smg-load run`: run, print, and write the report directory when asked.
@@ -395,6 +419,14 @@ pub fn execute_recorded(plan: &LoadPlan, record: bool) -> Result<Measured, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_parts() {
+        assert_eq!(parse_part("1/4"), Ok((1, 4)));
+        assert!(parse_part("4/4").is_err());
+        assert!(parse_part("0/0").is_err());
+        assert!(parse_part("1").is_err());
+    }
 
     #[test]
     fn urls() {
