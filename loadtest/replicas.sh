@@ -32,11 +32,11 @@ print(sum(s["cached_tokens"] for s in stats), sum(s["prompt_tokens"] for s in st
 row() { # replicas events(on|off)
   local replicas=$1 events=$2 ports=() urls=() flags=()
   for _ in $(seq "$workers"); do p=$(free_port); ports+=("$p"); urls+=("http://127.0.0.1:$p"); done
-  local zmq; zmq=$(free_port)
+  : >"$tmp/sim.log"
   "$bin/smg-sim" --ports "$(IFS=,; echo "${ports[*]}")" --model sim-model --itl-ms 0.2 --tokenize-http \
-    --tokenizer-dir "$tmp/tokenizer" --kv-events-endpoint "tcp://127.0.0.1:$zmq" >"$tmp/sim.log" 2>&1 &
+    --tokenizer-dir "$tmp/tokenizer" --kv-events-endpoint tcp://127.0.0.1:0 >"$tmp/sim.log" 2>&1 &
   local sim=$!
-  for _ in $(seq 100); do [ "$(grep -c '^listening' "$tmp/sim.log")" -eq "$workers" ] && break; sleep 0.1; done
+  for _ in $(seq 100); do [ "$(grep -c '^listening' "$tmp/sim.log" || true)" -eq "$workers" ] && break; sleep 0.1; done
   if [ "$events" = on ]; then
     for i in $(seq 0 $((workers - 1))); do
       flags+=(--kv-events "${urls[$i]}=$(grep "127.0.0.1:${ports[$i]} " "$tmp/sim.log" | sed 's/.*kv_events=//')")
@@ -46,6 +46,7 @@ row() { # replicas events(on|off)
   local gws=() pids=()
   for k in $(seq 0 $((replicas - 1))); do
     local gw; gw=$(free_port); gws+=("$gw")
+    : >"$tmp/smg$k.log"
     "$bin/smg" launch --host 127.0.0.1 --port "$gw" --policy cache_aware --cores 1 --prometheus-port 0 --log-level debug \
       --worker-urls "${urls[@]}" "${flags[@]}" >"$tmp/smg$k.log" 2>&1 &
     pids+=($!)
@@ -58,7 +59,7 @@ row() { # replicas events(on|off)
     # it has stored one: a prompt of its own to each, straight to the worker.
     for k in $(seq 0 $((replicas - 1))); do
       for _ in $(seq 100); do
-        [ "$(grep -c 'subscribed' "$tmp/smg$k.log")" -ge "$workers" ] && break; sleep 0.1
+        [ "$(grep -c 'subscribed' "$tmp/smg$k.log" || true)" -ge "$workers" ] && break; sleep 0.1
       done
     done
     for u in "${urls[@]}"; do

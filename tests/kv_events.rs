@@ -380,7 +380,8 @@ fn diverging_pair(i: usize) -> (String, String) {
 /// sent to until the events say so. The workers fail every request here (nothing is stored,
 /// so no event ever confirms), and a prompt sharing the first request's first blocks still
 /// follows it for the TTL; without bookings it is placed by its own head, and at least one
-/// of 16 lands elsewhere (all 16 alike by chance: one time in 65,536).
+/// of 16 lands elsewhere (all 16 alike by chance: one time in 65,536). Two replicas without
+/// bookings place every one of these cold prefixes on the same worker, and not all on one.
 #[test]
 fn bookings_hold_a_new_prefix_until_the_events_arrive() {
     both_drivers(|legacy| {
@@ -389,12 +390,13 @@ fn bookings_hold_a_new_prefix_until_the_events_arrive() {
         let booking: Vec<&str> = strict.iter().copied().chain(["--selection-accounting-ttl-ms", "600000"]).collect();
         let (with, wm) = following(legacy, &[&w[0], &w[1]], &booking);
         let (without, om) = following(legacy, &[&w[0], &w[1]], &strict);
+        let (other, xm) = following(legacy, &[&w[0], &w[1]], &strict);
         // Each worker stores a block first, so its events are live (their block size known).
         let warm = [grpc_gateway(legacy, &[&w[0]], &[]), grpc_gateway(legacy, &[&w[1]], &[])];
         for (g, s) in warm.iter().zip(&w) {
             assert_eq!(routed(g.port, &completion(&prompt(99))), s.grpc_url());
         }
-        for (m, s) in [(wm, &w[0]), (wm, &w[1]), (om, &w[0]), (om, &w[1])] {
+        for (m, s) in [(wm, &w[0]), (wm, &w[1]), (om, &w[0]), (om, &w[1]), (xm, &w[0]), (xm, &w[1])] {
             let live = format!(r#"smg_kv_events_live{{worker="{}"}}"#, s.grpc_url());
             assert!(wait_until(patience(Duration::from_secs(10)), || metric(m, &live) == Some(1.0)), "{live}");
         }
@@ -411,16 +413,20 @@ fn bookings_hold_a_new_prefix_until_the_events_arrive() {
             assert_eq!(rose.len(), 1, "{rose:?}");
             w[rose[0]].grpc_url()
         };
-        let mut elsewhere = 0;
+        let (mut elsewhere, mut placed) = (0, Vec::new());
         for i in 0..16 {
             let (first, second) = diverging_pair(i);
             let held = sent_to(with.port, &first);
             assert_eq!(sent_to(with.port, &second), held, "pair {i}: the booking holds");
             let guessed = sent_to(without.port, &first);
+            // A cold prefix (no worker holds it): two replicas place it alike.
+            assert_eq!(sent_to(other.port, &first), guessed, "pair {i}: replicas disagree on a cold prefix");
+            placed.push(guessed.clone());
             if sent_to(without.port, &second) != guessed {
                 elsewhere += 1;
             }
         }
         assert!(elsewhere > 0, "without bookings every second prompt followed the first");
+        assert!(w.iter().all(|s| placed.contains(&s.grpc_url())), "cold prefixes spread over both: {placed:?}");
     });
 }

@@ -199,7 +199,9 @@ mod tests {
         let mut cache = SegmentCache::default();
         let mut msgs = Vec::new();
         for turn in 0..6 {
-            msgs.push(format!(r#"{{"role":"user","content":"turn {turn}: the river and the mountain, a long story"}}"#));
+            msgs.push(format!(
+                r#"{{"role":"user","content":"turn {turn}: the river and the mountain, a long story"}}"#
+            ));
             let body = format!(r#"{{"messages":[{}]}}"#, msgs.join(","));
             let cached = prompt_ids(&tk, PromptField::Chat, body.as_bytes(), &mut cache);
             assert_eq!(cached, ids(&tk, PromptField::Chat, body.as_bytes()), "turn {turn}");
