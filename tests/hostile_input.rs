@@ -368,10 +368,12 @@ fn forwarder(to: u16) -> (u16, Arc<AtomicUsize>) {
             std::thread::spawn(move || {
                 let mut tmp = [0u8; 65536];
                 while let Ok(n) = client.read(&mut tmp) {
+                    // Counted before it is passed on: the answer it leads to cannot reach the
+                    // test before the count does.
+                    counted.fetch_add(tmp[..n].windows(5).filter(|w| w == b"POST ").count(), Ordering::SeqCst);
                     if n == 0 || up.write_all(&tmp[..n]).is_err() {
                         break;
                     }
-                    counted.fetch_add(tmp[..n].windows(5).filter(|w| w == b"POST ").count(), Ordering::SeqCst);
                 }
                 let _ = up.shutdown(std::net::Shutdown::Write);
             });
