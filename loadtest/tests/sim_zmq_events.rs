@@ -292,37 +292,42 @@ fn zmq_events_follow_the_prefix_cache() {
 /// a SUB for another topic gets none of them. Two workers in one process bind PORT and PORT+1.
 #[test]
 fn zmq_events_map_format_topic_and_ports() {
-    let base = {
-        // Two consecutive free ports for the PUB sockets.
-        let mut found = None;
+    // Two consecutive free ports for the PUB sockets. Another test (or process) may take one
+    // between the check and the simulator's bind: then the simulator exits, and it is tried
+    // again on other ports.
+    let free_pair = || {
         for _ in 0..50 {
             let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let p = a.local_addr().unwrap().port();
             if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-                found = Some(p);
-                break;
+                return p;
             }
         }
-        found.expect("two consecutive free ports")
+        panic!("no two consecutive free ports");
     };
-    let endpoint = format!("tcp://127.0.0.1:{base}");
-    let args = [
-        "--ports",
-        "0,0",
-        "--threads",
-        "2",
-        "--block-tokens",
-        "4",
-        "--bytes-per-token",
-        "4",
-        "--kv-events-endpoint",
-        &endpoint,
-        "--kv-events-topic",
-        "kv-a",
-        "--kv-events-format",
-        "map",
-    ];
-    let sim = Sim::start(&args, false);
+    let (base, sim) = (0..20)
+        .find_map(|_| {
+            let base = free_pair();
+            let endpoint = format!("tcp://127.0.0.1:{base}");
+            let args = [
+                "--ports",
+                "0,0",
+                "--threads",
+                "2",
+                "--block-tokens",
+                "4",
+                "--bytes-per-token",
+                "4",
+                "--kv-events-endpoint",
+                &endpoint,
+                "--kv-events-topic",
+                "kv-a",
+                "--kv-events-format",
+                "map",
+            ];
+            Sim::try_start(&args, false).map(|sim| (base, sim))
+        })
+        .expect("smg-sim never bound two consecutive free ports");
     let ends: Vec<String> = sim.lines.iter().map(|l| endpoints(l).0).collect();
     assert_eq!(ends, [format!("tcp://127.0.0.1:{base}"), format!("tcp://127.0.0.1:{}", base + 1)]);
     assert!(sim.lines.iter().all(|l| endpoints(l).1.is_none()), "no replay socket without the flag");

@@ -35,6 +35,12 @@ pub struct Sim {
 
 impl Sim {
     pub fn start(args: &[&str], legacy: bool) -> Sim {
+        Self::try_start(args, legacy).unwrap_or_else(|| panic!("smg-sim did not start with {args:?}"))
+    }
+
+    /// [`Sim::start`], or None when the simulator exits before it is ready (a port it was
+    /// told to bind was taken meanwhile).
+    pub fn try_start(args: &[&str], legacy: bool) -> Option<Sim> {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_smg-sim"));
         cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
         driver_env(&mut cmd, legacy);
@@ -52,8 +58,12 @@ impl Sim {
                 break;
             }
         }
-        assert!(!ports.is_empty(), "smg-sim did not start with {args:?}");
-        Sim { child, ports, lines }
+        if ports.is_empty() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        Some(Sim { child, ports, lines })
     }
 
     pub fn port(&self) -> u16 {
