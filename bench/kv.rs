@@ -15,7 +15,8 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use smg::kv::event::{from_msgpack, EngineHash, KvEvent};
 use smg::kv::index::BlockIndex;
 use smg::kv::keys::{request_keys, Blocks};
-use smg::kv::prompt_ids::{prompt_ids, PromptField};
+use smg::kv::prompt_ids::prompt_ids;
+use smg::routing::TextSource;
 use smg::tokenizer::segment_cache::SegmentCache;
 use smg::worker_id::WorkerId;
 
@@ -142,13 +143,13 @@ fn all(c: &mut Criterion) {
     let body = chat_body(2 * 1024);
     let earlier = chat_body_without_last(&body);
     let mut warm = SegmentCache::default();
-    prompt_ids(&tk, PromptField::Chat, earlier.as_bytes(), &mut warm).unwrap();
+    prompt_ids(&tk, TextSource::Chat, earlier.as_bytes(), &mut warm).unwrap();
     for (name, keep) in [("cold", false), ("next_turn", true)] {
         c.bench_function(&format!("kv_match/2KB_chat_tokenized_8_workers/{name}"), |b| {
             b.iter(|| {
                 let mut fresh = SegmentCache::default();
                 let cache = if keep { &mut warm } else { &mut fresh };
-                let ids = prompt_ids(&tk, PromptField::Chat, black_box(body.as_bytes()), cache).unwrap();
+                let ids = prompt_ids(&tk, TextSource::Chat, black_box(body.as_bytes()), cache).unwrap();
                 request_keys(&ids, BLOCK, 0, &mut keys);
                 index.prefixes(&keys, &workers, &mut out);
                 black_box(out[3])

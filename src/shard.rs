@@ -20,7 +20,7 @@ use crate::http::date::{DateCache, LEN as DATE_LEN};
 use crate::http::pool::{Pool, UpstreamConn};
 use crate::kv::index::{BlockIndex, KvUpdate};
 use crate::kv::keys::request_keys;
-use crate::kv::prompt_ids::{prompt_ids, PromptField};
+use crate::kv::prompt_ids::prompt_ids;
 use crate::metrics::{Finished, ShardMetrics, ShardReport};
 use crate::routing::{Candidate, Digest, RouteError, RouteInput, ShardRouter};
 use crate::trace::{ShardTraces, SpanRecord};
@@ -464,7 +464,7 @@ impl Shard {
     /// None otherwise (nothing is parsed: a fleet without events pays nothing).
     pub fn prompt_ids(
         &self,
-        field: PromptField,
+        field: crate::routing::TextSource,
         body: &[u8],
         snap: &Snapshot,
         positions: &[usize],

@@ -14,19 +14,9 @@
 
 use sonic_rs::{JsonContainerTrait, JsonType, JsonValueTrait, Value};
 
+use crate::routing::TextSource;
 use crate::tokenizer::segment_cache::SegmentCache;
 use crate::tokenizer::Tokenizer;
-
-/// Which endpoint's body: each keeps its prompt under its own field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromptField {
-    /// `/v1/chat/completions`: `messages` through the chat template.
-    Chat,
-    /// `/v1/completions`: `prompt`.
-    Completion,
-    /// SGLang `/generate`: `text`, or `input_ids`.
-    Generate,
-}
 
 /// Fields that move a request out of the base model's namespace in the engine's cache.
 const NAMESPACED: [&str; 4] = ["lora_path", "lora_name", "cache_salt", "extra_key"];
@@ -34,18 +24,18 @@ const NAMESPACED: [&str; 4] = ["lora_path", "lora_name", "cache_salt", "extra_ke
 /// The prompt's ids, or None when the engine's keys cannot be known (module docs).
 /// `cache`: the shard's remembered segments (a conversation's earlier turns are not encoded
 /// again; `tokenizer/segment_cache.rs`).
-pub fn prompt_ids(tk: &Tokenizer, field: PromptField, body: &[u8], cache: &mut SegmentCache) -> Option<Vec<u32>> {
+pub fn prompt_ids(tk: &Tokenizer, field: TextSource, body: &[u8], cache: &mut SegmentCache) -> Option<Vec<u32>> {
     let v = crate::bounded_json::value(body).ok()?;
     if NAMESPACED.iter().any(|k| v.get(*k).is_some_and(|x| !x.is_null())) {
         return None;
     }
     match field {
-        PromptField::Chat => {
+        TextSource::Chat => {
             let (text, _) = tk.chat_template()?.render_request(&v).ok()?;
             encode(tk, &text, false, cache)
         }
-        PromptField::Completion => one_prompt(tk, v.get("prompt")?, cache),
-        PromptField::Generate => match v.get("input_ids") {
+        TextSource::Completion => one_prompt(tk, v.get("prompt")?, cache),
+        TextSource::Generate => match v.get("input_ids") {
             Some(ids) => one_prompt(tk, ids, cache),
             None => one_prompt(tk, v.get("text")?, cache),
         },
@@ -78,7 +68,7 @@ fn encode(tk: &Tokenizer, text: &str, add_special: bool, cache: &mut SegmentCach
 mod tests {
     use super::*;
 
-    fn ids(tk: &Tokenizer, field: PromptField, body: &[u8]) -> Option<Vec<u32>> {
+    fn ids(tk: &Tokenizer, field: TextSource, body: &[u8]) -> Option<Vec<u32>> {
         prompt_ids(tk, field, body, &mut SegmentCache::default())
     }
 
@@ -109,7 +99,7 @@ mod tests {
     #[test]
     fn a_chat_is_rendered_with_the_generation_prompt_and_no_added_specials() {
         let tk = tokenizer();
-        let got = ids(&tk, PromptField::Chat, br#"{"model":"m","messages":[{"role":"user","content":"xab"}]}"#);
+        let got = ids(&tk, TextSource::Chat, br#"{"model":"m","messages":[{"role":"user","content":"xab"}]}"#);
         let mut want = vec![0];
         want.extend(bytes("user\nx"));
         want.push(258);
@@ -121,7 +111,7 @@ mod tests {
         // continue_final_message leaves the generation prompt out.
         let cont = ids(
             &tk,
-            PromptField::Chat,
+            TextSource::Chat,
             br#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
         )
         .unwrap();
@@ -131,12 +121,12 @@ mod tests {
     #[test]
     fn prompts_as_text_ids_or_a_batch_of_one() {
         let tk = tokenizer();
-        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":"ab c"}"#), Some(vec![258, 34, 101]));
-        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":[7,8,9]}"#), Some(vec![7, 8, 9]));
-        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":["ab"]}"#), Some(vec![258]));
-        assert_eq!(ids(&tk, PromptField::Completion, br#"{"prompt":[[1,2]]}"#), Some(vec![1, 2]));
-        assert_eq!(ids(&tk, PromptField::Generate, br#"{"text":"ab","input_ids":[5]}"#), Some(vec![5]));
-        assert_eq!(ids(&tk, PromptField::Generate, br#"{"text":"ab"}"#), Some(vec![258]));
+        assert_eq!(ids(&tk, TextSource::Completion, br#"{"prompt":"ab c"}"#), Some(vec![258, 34, 101]));
+        assert_eq!(ids(&tk, TextSource::Completion, br#"{"prompt":[7,8,9]}"#), Some(vec![7, 8, 9]));
+        assert_eq!(ids(&tk, TextSource::Completion, br#"{"prompt":["ab"]}"#), Some(vec![258]));
+        assert_eq!(ids(&tk, TextSource::Completion, br#"{"prompt":[[1,2]]}"#), Some(vec![1, 2]));
+        assert_eq!(ids(&tk, TextSource::Generate, br#"{"text":"ab","input_ids":[5]}"#), Some(vec![5]));
+        assert_eq!(ids(&tk, TextSource::Generate, br#"{"text":"ab"}"#), Some(vec![258]));
     }
 
     #[test]
@@ -150,10 +140,10 @@ mod tests {
             br#"{"prompt":"#,
             br#"[1]"#,
         ] {
-            assert_eq!(ids(&tk, PromptField::Completion, body), None, "{}", String::from_utf8_lossy(body));
+            assert_eq!(ids(&tk, TextSource::Completion, body), None, "{}", String::from_utf8_lossy(body));
         }
         // A null namespace field is no namespace.
-        assert!(ids(&tk, PromptField::Completion, br#"{"prompt":"ab","lora_path":null}"#).is_some());
+        assert!(ids(&tk, TextSource::Completion, br#"{"prompt":"ab","lora_path":null}"#).is_some());
     }
 
     /// smg-sim's HTTP workers (--tokenize-http) count and cache prompts with their own encoder;
@@ -183,7 +173,7 @@ mod tests {
         let body =
             br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"the river story"}]}"#;
         let want = sim::encode("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nthe river story<|im_end|>\n<|im_start|>assistant\n");
-        assert_eq!(ids(&tk, PromptField::Chat, body), Some(want));
+        assert_eq!(ids(&tk, TextSource::Chat, body), Some(want));
     }
 
     /// The shard's segment cache changes nothing but the cost: turn after turn of one
@@ -203,8 +193,8 @@ mod tests {
                 r#"{{"role":"user","content":"turn {turn}: the river and the mountain, a long story"}}"#
             ));
             let body = format!(r#"{{"messages":[{}]}}"#, msgs.join(","));
-            let cached = prompt_ids(&tk, PromptField::Chat, body.as_bytes(), &mut cache);
-            assert_eq!(cached, ids(&tk, PromptField::Chat, body.as_bytes()), "turn {turn}");
+            let cached = prompt_ids(&tk, TextSource::Chat, body.as_bytes(), &mut cache);
+            assert_eq!(cached, ids(&tk, TextSource::Chat, body.as_bytes()), "turn {turn}");
             msgs.push(format!(r#"{{"role":"assistant","content":"answer {turn} is the simple story of the city"}}"#));
         }
         // Each turn encodes only what is new: the last answer and the new question.

@@ -9,10 +9,7 @@ use super::error::Failure;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract;
 use crate::http::head::RequestHead;
-use crate::kv::prompt_ids::PromptField;
-use crate::routing::{
-    first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal, TextSource,
-};
+use crate::routing::{first_routing_key, parse_routing_tokens, scan_body, RouteError, RouteInput, RoutingSignal};
 use crate::shard::{LoadGuard, LocalSnapshot, Shard};
 use crate::workers::snapshot::{Role, Runtime, Worker};
 use crate::workers::{Candidates, WorkerId};
@@ -164,7 +161,7 @@ pub fn pick_worker(
     // An HTTP worker that sends KV-cache events is matched on the ids its engine will compute
     // (`--tokenizer-path`); only the decision reads them, the body goes as it came.
     let engine_ids = match (tokens, &hint, spec.text) {
-        (None, None, Some(source)) => shard.prompt_ids(prompt_field(source), body, &snap, positions),
+        (None, None, Some(source)) => shard.prompt_ids(source, body, &snap, positions),
         _ => None,
     };
     let tokens = tokens.or(hint.as_deref()).or(engine_ids.as_deref());
@@ -200,14 +197,6 @@ pub fn pick_worker(
             Ok(chosen(shard, ctx, Picked::new(snap.clone(), pos, prefill.as_ref().map(|p| p.0)), prefill))
         }
         Err(RouteError::NoWorker) => Err(ApiError::no_available_workers(model).into()),
-    }
-}
-
-fn prompt_field(source: TextSource) -> PromptField {
-    match source {
-        TextSource::Chat => PromptField::Chat,
-        TextSource::Completion => PromptField::Completion,
-        TextSource::Generate => PromptField::Generate,
     }
 }
 
