@@ -469,13 +469,14 @@ impl Shard {
         snap: &Snapshot,
         positions: &[usize],
     ) -> Option<Vec<u32>> {
-        let tk = self.prompt_tokenizer.borrow().clone()?;
         let kv = self.kv.borrow();
         if !kv.any_live() || !positions.iter().any(|&p| kv.live(snap.workers[p].id).is_some()) {
             return None;
         }
         drop(kv);
-        prompt_ids(&tk, field, body, &mut self.prompt_segments.borrow_mut())
+        // Borrowed, not cloned: an Arc's count is a cache line every shard would write.
+        let tk = self.prompt_tokenizer.borrow();
+        prompt_ids(tk.as_ref()?, field, body, &mut self.prompt_segments.borrow_mut())
     }
 
     /// Fills in the prefix of `tokens` each candidate's engine holds by its KV-cache events
