@@ -430,3 +430,27 @@ fn bookings_hold_a_new_prefix_until_the_events_arrive() {
         assert!(w.iter().all(|s| placed.contains(&s.grpc_url())), "cold prefixes spread over both: {placed:?}");
     });
 }
+
+/// An engine started without KV events answers SubscribeKvEvents with UNIMPLEMENTED: the
+/// gateway says so once, asks no more, and routes that worker by its own view.
+#[test]
+fn an_engine_without_events_is_routed_by_the_gateways_view() {
+    both_drivers(|legacy| {
+        let w = Sim::start(MODEL, &["--grpc", "--no-kv-events"]);
+        let mport = free_port().to_string();
+        let gw = grpc_gateway(
+            legacy,
+            &[&w],
+            &["--policy", "cache_aware", "--prometheus-host", "127.0.0.1", "--prometheus-port", &mport],
+        );
+        let said = format!("KV-cache events of {}: the engine does not serve SubscribeKvEvents", w.grpc_url());
+        assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&said)), "{said}");
+        for i in 0..4 {
+            assert_eq!(routed(gw.port, &completion(&prompt(i))), w.grpc_url());
+        }
+        let asked = w.stats()["grpc"]["rpcs"]["SubscribeKvEvents"].as_u64();
+        assert_eq!(asked, Some(1), "asked once, not again");
+        let live = format!(r#"smg_kv_events_live{{worker="{}"}}"#, w.grpc_url());
+        assert_ne!(metric(mport.parse().unwrap(), &live), Some(1.0));
+    });
+}

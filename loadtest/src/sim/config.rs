@@ -194,6 +194,10 @@ pub struct SimArgs {
     /// (reproducible from the input ids: `embed::vector`), and Generate is refused.
     #[arg(long, requires = "grpc")]
     pub is_embedding: bool,
+    /// With --grpc: SubscribeKvEvents answers UNIMPLEMENTED, as an engine started without KV
+    /// events does; the workers publish nothing.
+    #[arg(long, requires = "grpc")]
+    pub no_kv_events: bool,
 
     /// HTTP workers publish their prefix cache's changes as KV-cache events over ZMQ, in vLLM's
     /// wire format (vLLM's and SGLang's `--kv-events-config`): a PUB socket bound at
@@ -247,6 +251,8 @@ pub struct GrpcSpec {
     pub markup: (Option<String>, Option<String>),
     /// `--is-embedding`.
     pub embedding: bool,
+    /// SubscribeKvEvents is served (false: `--no-kv-events`, UNIMPLEMENTED).
+    pub kv_events: bool,
 }
 
 /// Timing knobs of one worker; `Copy` so the control endpoint can swap them in a `Cell`.

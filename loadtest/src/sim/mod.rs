@@ -70,6 +70,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
                 llama,
                 markup: markup.clone(),
                 embedding: args.is_embedding,
+                kv_events: !args.no_kv_events,
             });
         }
     }

@@ -705,6 +705,7 @@ mod tests {
             llama: None,
             markup: (None, None),
             embedding: false,
+            kv_events: true,
         });
         let w = Worker::new(&spec, 1);
         let log = w.kv_events.as_ref().unwrap();

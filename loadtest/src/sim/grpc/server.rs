@@ -73,7 +73,9 @@ async fn call(w: Rc<Worker>, path: String, mut body: RecvStream, respond: SendRe
         path::ABORT => unary(&mut body, respond, |r| info::abort(&w, r)).await,
         path::FLUSH_CACHE => unary(&mut body, respond, |r| info::flush_cache(&w, r)).await,
         path::GET_TOKENIZER => bundle::serve(body, respond).await,
-        path::SUBSCRIBE_KV_EVENTS => subscribe::serve(&w, body, respond).await,
+        path::SUBSCRIBE_KV_EVENTS if w.grpc.as_ref().is_some_and(|g| g.kv_events) => {
+            subscribe::serve(&w, body, respond).await
+        }
         _ => wire::reject(respond, &Status::new(Code::UNIMPLEMENTED, format!("smg-sim does not serve {path}"))),
     }
 }

@@ -165,7 +165,7 @@ impl Worker {
             next_conn: Cell::new(0),
             grpc: spec.grpc.clone(),
             grpc_state: GrpcState::default(),
-            kv_events: spec.grpc.is_some().then(KvEventLog::default),
+            kv_events: spec.grpc.as_ref().is_some_and(|g| g.kv_events).then(KvEventLog::default),
             zmq_events: spec.kv_events_zmq.as_ref().and_then(|z| {
                 let at = BoundEndpoints { endpoint: z.endpoint.clone(), replay: z.replay.clone() };
                 z.sink.clone().map(|sink| ZmqPublisher::new(sink, at))
