@@ -106,6 +106,15 @@ pub struct SimArgs {
     /// Prompt bytes per token when counting tokens (the simulator has no tokenizer).
     #[arg(long, default_value_t = 4)]
     pub bytes_per_token: usize,
+    /// Every worker also serves HTTPS, as a cloud provider does: a CA made at start is written
+    /// to DIR/ca.pem, and the certificate (signed by it) names api.openai.com,
+    /// api.anthropic.com, generativelanguage.googleapis.com, api.x.ai, localhost and 127.0.0.1.
+    /// Each `listening` line ends with tls=HOST:PORT. Not with --grpc.
+    #[arg(long, value_name = "DIR", conflicts_with = "grpc")]
+    pub tls_dir: Option<std::path::PathBuf>,
+    /// With --tls-dir: worker i serves HTTPS on PORT+i; 0 picks a free port for each [default: 0].
+    #[arg(long, requires = "tls_dir")]
+    pub tls_port: Option<u16>,
     /// HTTP workers count and cache prompts in the simulated model's tokens, as an engine does:
     /// a chat rendered with its ChatML template (generation prompt included) and encoded with
     /// its byte-level BPE, a prompt string encoded, prompt ids taken as they are. The tokenizer

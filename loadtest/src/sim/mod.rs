@@ -31,6 +31,7 @@ pub mod request;
 pub mod routes;
 pub mod systemone;
 pub mod timing;
+pub mod tls;
 pub mod tokenizer;
 pub mod worker;
 pub mod zmq_events;
@@ -120,7 +121,15 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         }
     }
     bound.sort_unstable_by_key(|b| b.index);
-    for b in &bound {
+    let tls_ports = match &args.tls_dir {
+        Some(dir) => {
+            let config = tls::server_config(dir)?;
+            let plain: Vec<u16> = bound.iter().map(|b| b.port).collect();
+            tls::start(config, host, args.tls_port.unwrap_or(0), &plain)?
+        }
+        None => Vec::new(),
+    };
+    for (n, b) in bound.iter().enumerate() {
         let s = &specs[b.index];
         let proto = if s.grpc.is_some() { " protocol=grpc" } else { "" };
         // Appended after the older fields: scripts parse this line's prefix.
@@ -136,7 +145,8 @@ pub fn run(args: SimArgs) -> Result<(), String> {
             },
             None => String::new(),
         };
-        println!("listening {host}:{} model={} runtime={}{proto}{pd}{kv}", b.port, s.model, s.runtime.name());
+        let tls = tls_ports.get(n).map(|p| format!(" tls={host}:{p}")).unwrap_or_default();
+        println!("listening {host}:{} model={} runtime={}{proto}{pd}{kv}{tls}", b.port, s.model, s.runtime.name());
     }
     println!("ready driver={} threads={threads}", rt::driver_name());
     for j in joins {

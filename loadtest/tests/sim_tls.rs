@@ -1,0 +1,87 @@
+//! smg-sim --tls-dir through the binary, both drivers: each worker also serves HTTPS with a
+//! certificate for the providers' names, signed by the CA it writes; a client that trusts
+//! that CA is answered as over plain HTTP, by each name, and one that does not is refused.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use common::{Sim, DRIVERS};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+
+fn tls_port(line: &str) -> u16 {
+    let at = line.find(" tls=").unwrap_or_else(|| panic!("no tls= in {line}"));
+    line[at + 5..].split_whitespace().next().unwrap().rsplit(':').next().unwrap().parse().unwrap()
+}
+
+#[allow(deprecated)] // ring's provider: see src/sim/tls.rs
+fn client(roots: rustls::RootCertStore) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(cfg)
+}
+
+/// One HTTP/1.1 request over TLS to `port` asking for `name` (SNI and Host); the whole answer,
+/// or the TLS error.
+fn https(cfg: &Arc<rustls::ClientConfig>, port: u16, name: &str, request: &str) -> Result<String, String> {
+    let server = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(Arc::clone(cfg), server).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(common::patience(std::time::Duration::from_secs(10)))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let req = request.replace("{host}", name);
+    tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => Ok(String::from_utf8_lossy(&out).into_owned()),
+        // A server that closes without close_notify still answered.
+        Err(_) if !out.is_empty() => Ok(String::from_utf8_lossy(&out).into_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn workers_serve_https_by_the_providers_names() {
+    for legacy in DRIVERS {
+        let dir = std::env::temp_dir().join(format!("smg-sim-tls-test-{}-{legacy}", std::process::id()));
+        let d = dir.to_str().unwrap().to_string();
+        let sim = Sim::start(&["--ports", "0,0", "--tls-dir", &d], legacy);
+        let ports: Vec<u16> = sim.lines.iter().map(|l| tls_port(l)).collect();
+        assert_eq!(ports.len(), 2);
+        assert!(!ports.contains(&sim.ports[0]) && !ports.contains(&sim.ports[1]), "{:?}", sim.lines);
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let trusted = client(roots);
+        let models = "GET /v1/models HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n";
+        for name in smg_loadtest::sim::tls::NAMES {
+            let r = https(&trusted, ports[1], name, models).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(r.starts_with("HTTP/1.1 200"), "{name}: {r}");
+            assert!(r.contains(r#""id":"sim-model""#), "{name}: {r}");
+        }
+        let body = r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#;
+        let chat = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {{host}}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let r = https(&trusted, ports[0], "api.x.ai", &chat).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains("chat.completion"), "{r}");
+        // A client without the CA: no answer.
+        let untrusting = client(rustls::RootCertStore::empty());
+        let refused = https(&untrusting, ports[0], "api.openai.com", models);
+        assert!(refused.as_ref().is_err_and(|e| e.contains("certificate")), "{refused:?}");
+        // Nor for a name the certificate does not hold.
+        let trusted2 = trusted.clone();
+        assert!(https(&trusted2, ports[0], "example.com", models).is_err());
+        drop(sim);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
