@@ -11,6 +11,7 @@ use std::sync::Arc;
 use common::{Sim, DRIVERS};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 
 fn tls_port(line: &str) -> u16 {
     let at = line.find(" tls=").unwrap_or_else(|| panic!("no tls= in {line}"));
@@ -69,11 +70,24 @@ fn workers_serve_https_by_the_providers_names() {
         }
         let body = r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#;
         let chat = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: {{host}}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {{host}}\r\nAuthorization: Bearer xai-key\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
         let r = https(&trusted, ports[0], "api.x.ai", &chat).unwrap();
         assert!(r.starts_with("HTTP/1.1 200") && r.contains("chat.completion"), "{r}");
+        // /sim/requests: what the worker was sent, by host, with its credentials as sent.
+        let seen = common::http(sim.ports[0], "GET", "/sim/requests", "").json();
+        let seen = seen.as_array().unwrap();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0]["host"].as_str(), Some("api.x.ai"));
+        assert_eq!(seen[0]["authorization"].as_str(), Some("Bearer xai-key"));
+        assert_eq!(
+            (seen[0]["method"].as_str(), seen[0]["path"].as_str()),
+            (Some("POST"), Some("/v1/chat/completions"))
+        );
+        assert!(seen[0].get("x-api-key").is_none());
+        let other = common::http(sim.ports[1], "GET", "/sim/requests", "").json();
+        assert_eq!(other.as_array().map(|a| a.len()), Some(smg_loadtest::sim::tls::NAMES.len()), "{other:?}");
         // A client without the CA: no answer.
         let untrusting = client(rustls::RootCertStore::empty());
         let refused = https(&untrusting, ports[0], "api.openai.com", models);

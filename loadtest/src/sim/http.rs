@@ -13,6 +13,7 @@ use crate::rt::write_out;
 use crate::sim::engine::{self, Scratch};
 use crate::sim::realtime;
 use crate::sim::render::{put_error_body, put_response};
+use crate::sim::request_log;
 use crate::sim::routes::{self, Action, Route};
 use crate::sim::worker::{ConnGuard, Worker};
 use crate::wire::{self, BodyKind, ChunkedDecoder};
@@ -37,6 +38,11 @@ struct Head {
     /// Where `Sec-WebSocket-Key` and `Content-Type` are in the read buffer, when sent.
     ws_key: Option<std::ops::Range<usize>>,
     content_type: Option<std::ops::Range<usize>>,
+    /// The method and path, and the logged headers it carried (`request_log::HEADERS`
+    /// index, value's place in the read buffer), for `/sim/requests`.
+    method: &'static str,
+    path: std::ops::Range<usize>,
+    logged: Vec<(usize, std::ops::Range<usize>)>,
 }
 
 /// Where `part` (a slice of `buf`) sits in it.
@@ -69,6 +75,7 @@ fn parse_head(buf: &[u8], w: &Worker) -> Result<Option<Head>, HeadError> {
     let mut expect_continue = false;
     let mut ws_key = None;
     let mut content_type = None;
+    let mut logged = Vec::new();
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
@@ -95,10 +102,24 @@ fn parse_head(buf: &[u8], w: &Worker) -> Result<Option<Head>, HeadError> {
         } else if name.eq_ignore_ascii_case(b"content-type") {
             content_type = Some(range_in(buf, h.value));
         }
+        if let Some(i) = request_log::HEADERS.iter().position(|l| name.eq_ignore_ascii_case(l.as_bytes())) {
+            logged.push((i, range_in(buf, h.value)));
+        }
     }
     let path = req.path.unwrap_or("/");
     let path = path.split_once('?').map_or(path, |(p, _)| p);
+    let method = match req.method {
+        Some("GET") => "GET",
+        Some("POST") => "POST",
+        Some("PATCH") => "PATCH",
+        Some("DELETE") => "DELETE",
+        Some("PUT") => "PUT",
+        _ => "OTHER",
+    };
     Ok(Some(Head {
+        method,
+        path: range_in(buf, path.as_bytes()),
+        logged,
         route: routes::resolve(path, w.runtime),
         is_post: req.method == Some("POST"),
         keep_alive,
@@ -235,6 +256,11 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
 
         // 3. Dispatch. --close-after-response answers as if the client had asked to close.
         let keep_alive = head.keep_alive && !w.faults.get().close_after_response;
+        if !matches!(head.route, Route::SimControl | Route::SimStats | Route::SimRequests) {
+            let path = std::str::from_utf8(&rbuf[head.path.clone()]).unwrap_or("");
+            let logged: Vec<(usize, &[u8])> = head.logged.iter().map(|(i, r)| (*i, &rbuf[r.clone()])).collect();
+            w.requests.record(head.method, path, &logged);
+        }
         let action = {
             let req_body: &[u8] = if from_rbuf { &rbuf[head_len..consumed] } else { &body };
             match head.route {

@@ -28,6 +28,7 @@ pub mod profile;
 pub mod realtime;
 pub mod render;
 pub mod request;
+pub mod request_log;
 pub mod routes;
 pub mod systemone;
 pub mod timing;

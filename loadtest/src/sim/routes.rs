@@ -38,6 +38,8 @@ pub enum Route {
     FlushCache,
     SimControl,
     SimStats,
+    /// `/sim/requests`: what the worker was sent (request_log.rs).
+    SimRequests,
     /// `GET /v1/realtime`, a WebSocket session (see realtime.rs).
     Realtime,
     /// One of the Realtime REST routes, echoed.
@@ -56,6 +58,7 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
         "/v1/embeddings" => Route::Infer(Api::Embeddings),
         "/sim/control" => Route::SimControl,
         "/sim/stats" => Route::SimStats,
+        "/sim/requests" => Route::SimRequests,
         realtime::WS_PATH => Route::Realtime,
         p if realtime::REST_PATHS.contains(&p) => {
             Route::RealtimeRest(realtime::REST_PATHS.iter().copied().find(|r| *r == p).unwrap_or(""))
@@ -160,6 +163,7 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
             reply(out, 200, "text/plain", b"Cache flushed.\n")
         }
         Route::SimStats => reply(out, 200, JSON, stats_body(w).as_bytes()),
+        Route::SimRequests => reply(out, 200, JSON, w.requests.json().as_bytes()),
         Route::SimControl if is_post => match apply_control(w, body) {
             Ok(Control { die: false }) => reply(out, 200, JSON, stats_body(w).as_bytes()),
             Ok(Control { die: true }) => {

@@ -99,6 +99,8 @@ pub struct Worker {
     pub(crate) pd: Option<PdState>,
     /// --tokenize-http: HTTP prompts are counted and cached in the simulated model's tokens.
     pub tokenize_http: bool,
+    /// What it was sent (`/sim/requests`).
+    pub requests: crate::sim::request_log::RequestLog,
 }
 
 // === impl Worker ===
@@ -172,6 +174,7 @@ impl Worker {
             }),
             pd: spec.pd.as_ref().map(PdState::new),
             tokenize_http: spec.tokenize_http,
+            requests: Default::default(),
         })
     }
 
