@@ -99,3 +99,58 @@ fn workers_serve_https_by_the_providers_names() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// `--provider-keys`: over TLS, each worker answers as the provider the Host names, with that
+/// provider's key style, per-key model lists and error shapes, and the failure modes.
+#[test]
+fn workers_play_the_providers_their_host_names() {
+    for legacy in DRIVERS {
+        let dir = std::env::temp_dir().join(format!("smg-sim-provider-test-{}-{legacy}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keys = dir.join("keys.json");
+        std::fs::write(
+            &keys,
+            r#"{"sk-o":{"provider":"openai","models":["gpt-4o"]},"sk-a":{"provider":"anthropic","models":["claude-x"]}}"#,
+        )
+        .unwrap();
+        let (d, k) = (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string());
+        let sim = Sim::start(&["--ports", "0", "--tls-dir", &d, "--provider-keys", &k], legacy);
+        let port = tls_port(&sim.lines[0]);
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let cfg = client(roots);
+        let get = |name: &str, auth: &str| {
+            let req = format!("GET /v1/models HTTP/1.1\r\nhost: {{host}}\r\n{auth}\r\nconnection: close\r\n\r\n");
+            https(&cfg, port, name, &req).unwrap()
+        };
+        let r = get("api.openai.com", "authorization: Bearer sk-o");
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains(r#""id":"gpt-4o""#), "{r}");
+        let r = get("api.anthropic.com", "x-api-key: sk-a");
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains(r#""type":"model","id":"claude-x""#), "{r}");
+        let r = get("api.openai.com", "authorization: Bearer sk-a");
+        assert!(r.starts_with("HTTP/1.1 401") && r.contains("invalid_api_key"), "{r}");
+        let r = get("api.anthropic.com", "authorization: Bearer sk-a");
+        assert!(r.starts_with("HTTP/1.1 401") && r.contains("authentication_error"), "{r}");
+        let chat = |model: &str| {
+            let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":2}}"#);
+            let req = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: {{host}}\r\nauthorization: Bearer sk-o\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            https(&cfg, port, "api.openai.com", &req).unwrap()
+        };
+        assert!(chat("gpt-4o").starts_with("HTTP/1.1 200"));
+        let r = chat("gpt-5");
+        assert!(r.starts_with("HTTP/1.1 404") && r.contains("model_not_found"), "{r}");
+        let set = |json: &str| assert_eq!(common::http(sim.ports[0], "POST", "/sim/control", json).status, 200);
+        set(r#"{"provider_fail":429,"retry_after":7}"#);
+        let r = get("api.openai.com", "authorization: Bearer sk-o");
+        assert!(r.starts_with("HTTP/1.1 429") && r.to_ascii_lowercase().contains("\r\nretry-after: 7\r\n"), "{r}");
+        set(r#"{"provider_fail":null}"#);
+        assert!(get("api.openai.com", "authorization: Bearer sk-o").starts_with("HTTP/1.1 200"));
+        drop(sim);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -112,6 +112,13 @@ pub struct SimArgs {
     /// Each `listening` line ends with tls=HOST:PORT. Not with --grpc.
     #[arg(long, value_name = "DIR", conflicts_with = "grpc")]
     pub tls_dir: Option<std::path::PathBuf>,
+    /// Every worker answers as the cloud provider its request's Host names (api.openai.com,
+    /// api.anthropic.com, generativelanguage.googleapis.com, api.x.ai; others: OpenAI): FILE is
+    /// {"KEY": {"provider": "openai|anthropic|gemini|xai", "models": [...]}}; a request needs a
+    /// key of that provider in its style, else 401 in its error shape; /v1/models lists the
+    /// key's models. Not with --grpc.
+    #[arg(long, value_name = "FILE", conflicts_with = "grpc")]
+    pub provider_keys: Option<std::path::PathBuf>,
     /// With --tls-dir: worker i serves HTTPS on PORT+i; 0 picks a free port for each [default: 0].
     #[arg(long, requires = "tls_dir")]
     pub tls_port: Option<u16>,
@@ -324,6 +331,8 @@ pub struct WorkerSpec {
     pub kv_events_zmq: Option<ZmqSpec>,
     /// --tokenize-http.
     pub tokenize_http: bool,
+    /// --provider-keys, loaded.
+    pub providers: Option<std::sync::Arc<crate::sim::provider::ProviderKeys>>,
 }
 
 // === impl SimArgs ===
@@ -331,6 +340,10 @@ pub struct WorkerSpec {
 impl SimArgs {
     /// Expands --ports and --worker into one spec per port.
     pub fn worker_specs(&self) -> Result<Vec<WorkerSpec>, String> {
+        let providers = match &self.provider_keys {
+            Some(path) => Some(std::sync::Arc::new(crate::sim::provider::ProviderKeys::load(path)?)),
+            None => None,
+        };
         let mut groups: Vec<(Vec<u16>, String, Runtime)> = Vec::new();
         if let Some(p) = &self.ports {
             groups.push((crate::rt::parse_ports(p)?, self.model.clone(), self.runtime));
@@ -422,6 +435,7 @@ impl SimArgs {
                     pd,
                     kv_events_zmq: self.zmq_spec(specs.len())?,
                     tokenize_http: self.tokenize_http && !self.grpc,
+                    providers: providers.clone(),
                 });
             }
         }

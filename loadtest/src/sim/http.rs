@@ -11,6 +11,7 @@ use monoio::net::TcpStream;
 
 use crate::rt::write_out;
 use crate::sim::engine::{self, Scratch};
+use crate::sim::provider;
 use crate::sim::realtime;
 use crate::sim::render::{put_error_body, put_response};
 use crate::sim::request_log;
@@ -263,7 +264,22 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
         }
         let action = {
             let req_body: &[u8] = if from_rbuf { &rbuf[head_len..consumed] } else { &body };
+            let provider_said = w.providers.as_ref().is_some_and(|keys| {
+                let ask = match head.route {
+                    Route::SimControl | Route::SimStats | Route::SimRequests | Route::Health => None,
+                    Route::Models => Some(provider::Ask::Models),
+                    Route::Infer(_) | Route::Decisions => Some(provider::Ask::Infer(req_body)),
+                    _ => Some(provider::Ask::Other),
+                };
+                let header = |i: usize| head.logged.iter().find(|(h, _)| *h == i).map(|(_, r)| &rbuf[r.clone()]);
+                ask.is_some_and(|ask| {
+                    let host = header(0).unwrap_or(b"");
+                    let fail = w.provider_fail.get();
+                    provider::answer(keys, fail, host, header, ask, keep_alive, &w.extra_headers, &mut s.out)
+                })
+            });
             match head.route {
+                _ if provider_said => Action::Reply { keep_alive },
                 Route::RealtimeRest(path) if head.is_post => {
                     let ct = head.content_type.clone().map_or(&b""[..], |r| &rbuf[r]);
                     let ct = std::str::from_utf8(ct).unwrap_or("");

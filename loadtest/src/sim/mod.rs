@@ -25,6 +25,7 @@ pub mod kv_events;
 pub mod pd;
 pub mod prefix_cache;
 pub mod profile;
+pub mod provider;
 pub mod realtime;
 pub mod render;
 pub mod request;

@@ -10,6 +10,7 @@ use sonic_rs::JsonValueTrait;
 use crate::sim::config::{ms_to_us, Runtime};
 use crate::sim::faults::{self, Fault};
 use crate::sim::pd::{self, Handoff, PdProtocol, PdRole};
+use crate::sim::provider::ProviderFail;
 use crate::sim::realtime;
 use crate::sim::render::{put_embeddings_body, put_error_body, put_response};
 use crate::sim::request::{self, Api};
@@ -443,6 +444,7 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
     let mut healthy: Option<Option<bool>> = None;
     let mut flap = None;
     let mut flush = false;
+    let (mut provider_fail, mut retry_after) = (None, None);
     let mut kv_skip = None;
     let mut die = false;
     for entry in sonic_rs::to_object_iter(body) {
@@ -478,6 +480,11 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
             "truncate_after_tokens" => f.truncate_after_tokens = opt_u64()?.map(|n| n as u32),
             "die_after" => f.die_after = opt_u64()?,
             "accept_delay_ms" => f.accept_delay_ms = num()? as u64,
+            "provider_fail" if w.providers.is_none() => {
+                return Err("provider_fail: this worker is no provider (--provider-keys)".into())
+            }
+            "provider_fail" => provider_fail = Some(opt_u64()?.map(|s| s as u16)),
+            "retry_after" => retry_after = opt_u64()?,
             "kv_events_skip" if w.kv_events_pending_skip().is_none() => {
                 return Err(
                     "kv_events_skip: this worker publishes no KV events (--grpc, or --kv-events-endpoint)".into()
@@ -503,6 +510,11 @@ fn apply_control(w: &Worker, body: &[u8]) -> Result<Control, String> {
     }
     if flush {
         w.flush_cache();
+    }
+    match provider_fail {
+        Some(Some(status)) => w.provider_fail.set(Some(ProviderFail { status, retry_after })),
+        Some(None) => w.provider_fail.set(None),
+        None => {}
     }
     w.timing.set(t);
     w.faults.set(f);

@@ -101,6 +101,10 @@ pub struct Worker {
     pub tokenize_http: bool,
     /// What it was sent (`/sim/requests`).
     pub requests: crate::sim::request_log::RequestLog,
+    /// `--provider-keys`: it answers as the provider its requests' Host names (provider.rs).
+    pub providers: Option<std::sync::Arc<crate::sim::provider::ProviderKeys>>,
+    /// `/sim/control` `provider_fail`.
+    pub provider_fail: Cell<Option<crate::sim::provider::ProviderFail>>,
 }
 
 // === impl Worker ===
@@ -175,6 +179,8 @@ impl Worker {
             pd: spec.pd.as_ref().map(PdState::new),
             tokenize_http: spec.tokenize_http,
             requests: Default::default(),
+            providers: spec.providers.clone(),
+            provider_fail: Cell::new(None),
         })
     }
 

@@ -1,0 +1,308 @@
+//! `--provider-keys FILE`: every worker answers as the cloud provider its request's `Host`
+//! names (api.openai.com, api.anthropic.com, generativelanguage.googleapis.com, api.x.ai;
+//! any other host: OpenAI), so a gateway's provider support can be tested on one box.
+//!
+//! - Keys: FILE is `{"KEY": {"provider": "openai|anthropic|gemini|xai", "models": [...]}}`.
+//!   A request must carry a key of that provider in its style (OpenAI and xAI
+//!   `Authorization: Bearer`; Anthropic `x-api-key`; Gemini `x-goog-api-key`), else 401 in the
+//!   provider's error shape.
+//! - `GET /v1/models` lists that key's models (Anthropic's list shape for Anthropic).
+//! - An inference request for a model the key does not list: 404 in the provider's shape.
+//! - `/sim/control {"provider_fail": 401|429, "retry_after": N}`: every provider request is
+//!   answered that way (429 with `Retry-After: N`); `{"provider_fail": null}` ends it.
+//!
+//! The simulator's own routes (`/sim/*`, `/health`) are not checked.
+
+use std::collections::HashMap;
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+
+use crate::sim::render::{put_json_str, put_response};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    OpenAi,
+    Anthropic,
+    Gemini,
+    Xai,
+}
+
+impl Provider {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "openai" => Self::OpenAi,
+            "anthropic" => Self::Anthropic,
+            "gemini" => Self::Gemini,
+            "xai" => Self::Xai,
+            _ => return None,
+        })
+    }
+
+    /// By the request's `Host` (its port, if any, aside).
+    pub fn of_host(host: &[u8]) -> Self {
+        let name = match host.iter().rposition(|&b| b == b':') {
+            Some(at) => &host[..at],
+            None => host,
+        };
+        match name {
+            b"api.anthropic.com" => Self::Anthropic,
+            b"generativelanguage.googleapis.com" => Self::Gemini,
+            b"api.x.ai" => Self::Xai,
+            _ => Self::OpenAi,
+        }
+    }
+
+    /// The `request_log::HEADERS` index of the header its key travels in.
+    fn key_header(self) -> usize {
+        match self {
+            Self::OpenAi | Self::Xai => 1,
+            Self::Anthropic => 2,
+            Self::Gemini => 3,
+        }
+    }
+
+    fn error_body(self, status: u16, message: &str) -> Vec<u8> {
+        let mut b = Vec::with_capacity(160);
+        match self {
+            Self::Anthropic => {
+                let kind = match status {
+                    401 => "authentication_error",
+                    404 => "not_found_error",
+                    429 => "rate_limit_error",
+                    _ => "api_error",
+                };
+                b.extend_from_slice(
+                    format!("{{\"type\":\"error\",\"error\":{{\"type\":\"{kind}\",\"message\":").as_bytes(),
+                );
+                put_json_str(&mut b, message);
+                b.extend_from_slice(b"}}");
+            }
+            Self::Gemini => {
+                let st = match status {
+                    401 => "UNAUTHENTICATED",
+                    404 => "NOT_FOUND",
+                    429 => "RESOURCE_EXHAUSTED",
+                    _ => "INTERNAL",
+                };
+                b.extend_from_slice(format!("{{\"error\":{{\"code\":{status},\"message\":").as_bytes());
+                put_json_str(&mut b, message);
+                b.extend_from_slice(format!(",\"status\":\"{st}\"}}}}").as_bytes());
+            }
+            Self::OpenAi | Self::Xai => {
+                let code = match status {
+                    401 => "invalid_api_key",
+                    404 => "model_not_found",
+                    429 => "rate_limit_exceeded",
+                    _ => "server_error",
+                };
+                b.extend_from_slice(b"{\"error\":{\"message\":");
+                put_json_str(&mut b, message);
+                b.extend_from_slice(
+                    format!(",\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"{code}\"}}}}").as_bytes(),
+                );
+            }
+        }
+        b
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct KeyInfo {
+    pub provider: Provider,
+    pub models: Vec<String>,
+}
+
+/// The keys of `--provider-keys`.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderKeys(pub HashMap<String, KeyInfo>);
+
+impl ProviderKeys {
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("--provider-keys {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("--provider-keys {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let v: sonic_rs::Value = sonic_rs::from_str(text).map_err(|e| e.to_string())?;
+        let obj = v.as_object().ok_or("expected an object of keys")?;
+        let mut keys = HashMap::new();
+        for (k, info) in obj.iter() {
+            let provider = info["provider"]
+                .as_str()
+                .and_then(Provider::parse)
+                .ok_or_else(|| format!("key {k:?}: provider must be openai, anthropic, gemini or xai"))?;
+            let models = info["models"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|m| m.as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            keys.insert(k.to_string(), KeyInfo { provider, models });
+        }
+        Ok(ProviderKeys(keys))
+    }
+}
+
+/// A failure every provider request gets (`/sim/control` `provider_fail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderFail {
+    pub status: u16,
+    pub retry_after: Option<u64>,
+}
+
+/// What the request is, for the check.
+pub enum Ask<'a> {
+    Models,
+    /// An inference request's body.
+    Infer(&'a [u8]),
+    Other,
+}
+
+/// Answers the request as the provider would when it is refused or is `/v1/models`: writes the
+/// reply to `out` and returns true. False: the worker serves it as usual.
+#[allow(clippy::too_many_arguments)] // the request's parts, as the connection loop has them
+pub fn answer<'h>(
+    keys: &ProviderKeys,
+    fail: Option<ProviderFail>,
+    host: &[u8],
+    header: impl Fn(usize) -> Option<&'h [u8]>,
+    ask: Ask<'_>,
+    keep_alive: bool,
+    extra: &[u8],
+    out: &mut Vec<u8>,
+) -> bool {
+    let p = Provider::of_host(host);
+    let reply = |out: &mut Vec<u8>, status: u16, message: &str, more: &[u8]| {
+        let mut ex = extra.to_vec();
+        ex.extend_from_slice(more);
+        put_response(out, status, "application/json", &p.error_body(status, message), keep_alive, &ex);
+        true
+    };
+    if let Some(f) = fail {
+        let more = f.retry_after.map(|s| format!("retry-after: {s}\r\n").into_bytes()).unwrap_or_default();
+        return reply(out, f.status, "simulated provider failure", &more);
+    }
+    let sent = header(p.key_header()).map(|v| {
+        let v = v.trim_ascii();
+        if p.key_header() == 1 {
+            v.strip_prefix(b"Bearer ").unwrap_or(v)
+        } else {
+            v
+        }
+    });
+    let info = sent.and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| keys.0.get(k)).filter(|i| i.provider == p);
+    let Some(info) = info else {
+        return reply(out, 401, "invalid API key", b"");
+    };
+    match ask {
+        Ask::Models => {
+            put_response(out, 200, "application/json", &models_body(p, &info.models), keep_alive, extra);
+            true
+        }
+        Ask::Infer(body) => {
+            let model = sonic_rs::get(body, &["model"]).ok().and_then(|m| m.as_str().map(str::to_string));
+            match model {
+                Some(m) if info.models.contains(&m) => false,
+                Some(m) => {
+                    reply(out, 404, &format!("The model `{m}` does not exist or you do not have access to it."), b"")
+                }
+                None => false,
+            }
+        }
+        Ask::Other => false,
+    }
+}
+
+fn models_body(p: Provider, models: &[String]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + models.len() * 96);
+    match p {
+        Provider::Anthropic => {
+            b.extend_from_slice(b"{\"data\":[");
+            for (i, m) in models.iter().enumerate() {
+                if i > 0 {
+                    b.push(b',');
+                }
+                b.extend_from_slice(b"{\"type\":\"model\",\"id\":");
+                put_json_str(&mut b, m);
+                b.extend_from_slice(b",\"display_name\":");
+                put_json_str(&mut b, m);
+                b.extend_from_slice(b",\"created_at\":\"2025-01-01T00:00:00Z\"}");
+            }
+            b.extend_from_slice(b"],\"has_more\":false,\"first_id\":");
+            match models.first() {
+                Some(m) => put_json_str(&mut b, m),
+                None => b.extend_from_slice(b"null"),
+            }
+            b.extend_from_slice(b",\"last_id\":");
+            match models.last() {
+                Some(m) => put_json_str(&mut b, m),
+                None => b.extend_from_slice(b"null"),
+            }
+            b.push(b'}');
+        }
+        _ => {
+            let owner = match p {
+                Provider::Gemini => "google",
+                Provider::Xai => "xai",
+                _ => "openai",
+            };
+            b.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
+            for (i, m) in models.iter().enumerate() {
+                if i > 0 {
+                    b.push(b',');
+                }
+                b.extend_from_slice(b"{\"id\":");
+                put_json_str(&mut b, m);
+                b.extend_from_slice(
+                    format!(",\"object\":\"model\",\"created\":1735689600,\"owned_by\":\"{owner}\"}}").as_bytes(),
+                );
+            }
+            b.extend_from_slice(b"]}");
+        }
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> ProviderKeys {
+        ProviderKeys::parse(
+            r#"{"sk-o":{"provider":"openai","models":["gpt-4o"]},"sk-a":{"provider":"anthropic","models":["claude-x"]}}"#,
+        )
+        .unwrap()
+    }
+
+    fn ask(host: &str, h: &[(usize, &'static str)], a: Ask<'_>, fail: Option<ProviderFail>) -> Option<String> {
+        let mut out = Vec::new();
+        let lookup = |i: usize| h.iter().find(|x| x.0 == i).map(|x| x.1.as_bytes());
+        answer(&keys(), fail, host.as_bytes(), lookup, a, true, b"", &mut out)
+            .then(|| String::from_utf8_lossy(&out).into_owned())
+    }
+
+    #[test]
+    fn keys_in_each_providers_style() {
+        let r = ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Models, None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains(r#""id":"gpt-4o""#) && r.contains("owned_by"), "{r}");
+        let r = ask("api.anthropic.com:443", &[(2, "sk-a")], Ask::Models, None).unwrap();
+        assert!(r.contains(r#""type":"model","id":"claude-x""#) && r.contains("has_more"), "{r}");
+        // The right key in the wrong style, or another provider's key: 401 in the host's shape.
+        let r = ask("api.anthropic.com", &[(1, "Bearer sk-a")], Ask::Models, None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 401") && r.contains("authentication_error"), "{r}");
+        let r = ask("api.openai.com", &[(1, "Bearer sk-a")], Ask::Models, None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 401") && r.contains("invalid_api_key"), "{r}");
+        let r = ask("generativelanguage.googleapis.com", &[], Ask::Other, None).unwrap();
+        assert!(r.contains("UNAUTHENTICATED"), "{r}");
+        // A listed model goes on to the worker; another is a 404.
+        assert!(ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Infer(br#"{"model":"gpt-4o"}"#), None).is_none());
+        let r = ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Infer(br#"{"model":"gpt-5"}"#), None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 404") && r.contains("model_not_found"), "{r}");
+    }
+
+    #[test]
+    fn a_failure_mode_answers_everything() {
+        let fail = Some(ProviderFail { status: 429, retry_after: Some(7) });
+        let r = ask("api.x.ai", &[(1, "Bearer sk-o")], Ask::Models, fail).unwrap();
+        assert!(r.starts_with("HTTP/1.1 429") && r.to_ascii_lowercase().contains("retry-after: 7\r\n"), "{r}");
+        assert!(r.contains("rate_limit_exceeded"), "{r}");
+    }
+}
