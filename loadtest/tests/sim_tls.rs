@@ -114,7 +114,11 @@ fn workers_play_the_providers_their_host_names() {
         )
         .unwrap();
         let (d, k) = (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string());
-        let sim = Sim::start(&["--ports", "0", "--tls-dir", &d, "--provider-keys", &k], legacy);
+        let proxy_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+        let sim = Sim::start(
+            &["--ports", "0", "--tls-dir", &d, "--provider-keys", &k, "--connect-proxy-port", &proxy_port],
+            legacy,
+        );
         let port = tls_port(&sim.lines[0]);
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
@@ -150,6 +154,30 @@ fn workers_play_the_providers_their_host_names() {
         assert!(r.starts_with("HTTP/1.1 429") && r.to_ascii_lowercase().contains("\r\nretry-after: 7\r\n"), "{r}");
         set(r#"{"provider_fail":null}"#);
         assert!(get("api.openai.com", "authorization: Bearer sk-o").starts_with("HTTP/1.1 200"));
+        // Through the CONNECT proxy, as a client with HTTPS_PROXY reaches a provider.
+        let mut tcp = TcpStream::connect(("127.0.0.1", proxy_port.parse::<u16>().unwrap())).unwrap();
+        tcp.write_all(b"CONNECT api.anthropic.com:443 HTTP/1.1\r\nhost: api.anthropic.com:443\r\nproxy-authorization: Basic dTpw\r\n\r\n").unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(tcp.read(&mut byte).unwrap(), 1, "proxy closed: {}", String::from_utf8_lossy(&head));
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+        let server = ServerName::try_from("api.anthropic.com").unwrap();
+        let conn = rustls::ClientConnection::new(Arc::clone(&cfg), server).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        tls.write_all(
+            b"GET /v1/models HTTP/1.1\r\nhost: api.anthropic.com\r\nx-api-key: sk-a\r\nconnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let _ = tls.read_to_end(&mut out);
+        let r = String::from_utf8_lossy(&out);
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains("claude-x"), "{r}");
+        let asked = common::http(sim.ports[0], "GET", "/sim/connects", "").json();
+        assert_eq!(asked[0]["target"].as_str(), Some("api.anthropic.com:443"), "{asked:?}");
+        assert_eq!(asked[0]["proxy_authorization"].as_str(), Some("Basic dTpw"));
         drop(sim);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -119,6 +119,12 @@ pub struct SimArgs {
     /// key's models. Not with --grpc.
     #[arg(long, value_name = "FILE", conflicts_with = "grpc")]
     pub provider_keys: Option<std::path::PathBuf>,
+    /// With --tls-dir: an HTTP CONNECT proxy on this port (a client's HTTPS_PROXY), whose every
+    /// tunnel leads to the first worker's TLS port whatever host it asks for; GET /sim/connects
+    /// on any worker lists the targets asked (and any Proxy-Authorization). 0 picks a free port,
+    /// printed as `proxy HOST:PORT` before `ready`.
+    #[arg(long, requires = "tls_dir")]
+    pub connect_proxy_port: Option<u16>,
     /// With --tls-dir: worker i serves HTTPS on PORT+i; 0 picks a free port for each [default: 0].
     #[arg(long, requires = "tls_dir")]
     pub tls_port: Option<u16>,
@@ -333,6 +339,8 @@ pub struct WorkerSpec {
     pub tokenize_http: bool,
     /// --provider-keys, loaded.
     pub providers: Option<std::sync::Arc<crate::sim::provider::ProviderKeys>>,
+    /// The CONNECT proxy's log (--connect-proxy-port), shared by every worker of the process.
+    pub connects: crate::sim::tls::ConnectLog,
 }
 
 // === impl SimArgs ===
@@ -344,6 +352,7 @@ impl SimArgs {
             Some(path) => Some(std::sync::Arc::new(crate::sim::provider::ProviderKeys::load(path)?)),
             None => None,
         };
+        let connects = crate::sim::tls::ConnectLog::default();
         let mut groups: Vec<(Vec<u16>, String, Runtime)> = Vec::new();
         if let Some(p) = &self.ports {
             groups.push((crate::rt::parse_ports(p)?, self.model.clone(), self.runtime));
@@ -436,6 +445,7 @@ impl SimArgs {
                     kv_events_zmq: self.zmq_spec(specs.len())?,
                     tokenize_http: self.tokenize_http && !self.grpc,
                     providers: providers.clone(),
+                    connects: connects.clone(),
                 });
             }
         }

@@ -257,7 +257,7 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
 
         // 3. Dispatch. --close-after-response answers as if the client had asked to close.
         let keep_alive = head.keep_alive && !w.faults.get().close_after_response;
-        if !matches!(head.route, Route::SimControl | Route::SimStats | Route::SimRequests) {
+        if !matches!(head.route, Route::SimControl | Route::SimStats | Route::SimRequests | Route::SimConnects) {
             let path = std::str::from_utf8(&rbuf[head.path.clone()]).unwrap_or("");
             let logged: Vec<(usize, &[u8])> = head.logged.iter().map(|(i, r)| (*i, &rbuf[r.clone()])).collect();
             w.requests.record(head.method, path, &logged);
@@ -266,7 +266,9 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
             let req_body: &[u8] = if from_rbuf { &rbuf[head_len..consumed] } else { &body };
             let provider_said = w.providers.as_ref().is_some_and(|keys| {
                 let ask = match head.route {
-                    Route::SimControl | Route::SimStats | Route::SimRequests | Route::Health => None,
+                    Route::SimControl | Route::SimStats | Route::SimRequests | Route::SimConnects | Route::Health => {
+                        None
+                    }
                     Route::Models => Some(provider::Ask::Models),
                     Route::Infer(_) | Route::Decisions => Some(provider::Ask::Infer(req_body)),
                     _ => Some(provider::Ask::Other),

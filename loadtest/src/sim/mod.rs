@@ -123,13 +123,14 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         }
     }
     bound.sort_unstable_by_key(|b| b.index);
-    let tls_ports = match &args.tls_dir {
+    let (tls_ports, proxy_port) = match &args.tls_dir {
         Some(dir) => {
             let config = tls::server_config(dir)?;
             let plain: Vec<u16> = bound.iter().map(|b| b.port).collect();
-            tls::start(config, host, args.tls_port.unwrap_or(0), &plain)?
+            let proxy = args.connect_proxy_port.map(|p| (p, specs[0].connects.clone()));
+            tls::start(config, host, args.tls_port.unwrap_or(0), &plain, proxy)?
         }
-        None => Vec::new(),
+        None => (Vec::new(), None),
     };
     for (n, b) in bound.iter().enumerate() {
         let s = &specs[b.index];
@@ -149,6 +150,9 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         };
         let tls = tls_ports.get(n).map(|p| format!(" tls={host}:{p}")).unwrap_or_default();
         println!("listening {host}:{} model={} runtime={}{proto}{pd}{kv}{tls}", b.port, s.model, s.runtime.name());
+    }
+    if let Some(p) = proxy_port {
+        println!("proxy {host}:{p}");
     }
     println!("ready driver={} threads={threads}", rt::driver_name());
     for j in joins {

@@ -41,6 +41,8 @@ pub enum Route {
     SimStats,
     /// `/sim/requests`: what the worker was sent (request_log.rs).
     SimRequests,
+    /// `/sim/connects`: what the CONNECT proxy was asked (tls.rs).
+    SimConnects,
     /// `GET /v1/realtime`, a WebSocket session (see realtime.rs).
     Realtime,
     /// One of the Realtime REST routes, echoed.
@@ -60,6 +62,7 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
         "/sim/control" => Route::SimControl,
         "/sim/stats" => Route::SimStats,
         "/sim/requests" => Route::SimRequests,
+        "/sim/connects" => Route::SimConnects,
         realtime::WS_PATH => Route::Realtime,
         p if realtime::REST_PATHS.contains(&p) => {
             Route::RealtimeRest(realtime::REST_PATHS.iter().copied().find(|r| *r == p).unwrap_or(""))
@@ -165,6 +168,7 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
         }
         Route::SimStats => reply(out, 200, JSON, stats_body(w).as_bytes()),
         Route::SimRequests => reply(out, 200, JSON, w.requests.json().as_bytes()),
+        Route::SimConnects => reply(out, 200, JSON, connects_json(w).as_bytes()),
         Route::SimControl if is_post => match apply_control(w, body) {
             Ok(Control { die: false }) => reply(out, 200, JSON, stats_body(w).as_bytes()),
             Ok(Control { die: true }) => {
@@ -191,6 +195,28 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
         Route::Realtime | Route::RealtimeRest(_) => error_reply(out, 405, "method not allowed", keep_alive, extra),
         Route::NotFound => error_reply(out, 404, "not found", keep_alive, extra),
     }
+}
+
+/// `[{"target": "host:port", "proxy_authorization": "..." | null}, ...]`, oldest first.
+fn connects_json(w: &Worker) -> String {
+    let log = w.connects.lock().map(|g| g.clone()).unwrap_or_default();
+    let mut b = Vec::with_capacity(64 * log.len() + 2);
+    b.push(b'[');
+    for (i, (target, auth)) in log.iter().enumerate() {
+        if i > 0 {
+            b.push(b',');
+        }
+        b.extend_from_slice(b"{\"target\":");
+        crate::sim::render::put_json_str(&mut b, target);
+        b.extend_from_slice(b",\"proxy_authorization\":");
+        match auth {
+            Some(a) => crate::sim::render::put_json_str(&mut b, a),
+            None => b.extend_from_slice(b"null"),
+        }
+        b.push(b'}');
+    }
+    b.push(b']');
+    String::from_utf8(b).unwrap_or_default()
 }
 
 fn error_reply(out: &mut Vec<u8>, status: u16, msg: &str, keep_alive: bool, extra: &[u8]) -> Action {

@@ -54,9 +54,22 @@ pub fn server_config(dir: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
         .map_err(|e| format!("--tls-dir: {e}"))
 }
 
+/// What the CONNECT proxy was asked: each tunnel's `host:port`, and its `Proxy-Authorization`
+/// if sent, oldest first (`GET /sim/connects` on any worker).
+pub type ConnectLog = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
 /// Binds one TLS listener per worker on `host` (`base` 0: a free port each, else `base + i`),
-/// each piping to `plain[i]`, and starts the thread. Returns the TLS ports, in order.
-pub fn start(config: Arc<rustls::ServerConfig>, host: IpAddr, base: u16, plain: &[u16]) -> Result<Vec<u16>, String> {
+/// each piping to `plain[i]`, and starts the thread. Returns the TLS ports, in order, and
+/// the proxy's.
+/// With `proxy` (port, log), also a CONNECT proxy on that port: every tunnel, whatever it asks
+/// for, leads to the first worker's TLS port (one worker plays every provider by Host).
+pub fn start(
+    config: Arc<rustls::ServerConfig>,
+    host: IpAddr,
+    base: u16,
+    plain: &[u16],
+    proxy: Option<(u16, ConnectLog)>,
+) -> Result<(Vec<u16>, Option<u16>), String> {
     let mut listeners = Vec::with_capacity(plain.len());
     for (i, &to) in plain.iter().enumerate() {
         let port = if base == 0 {
@@ -70,18 +83,33 @@ pub fn start(config: Arc<rustls::ServerConfig>, host: IpAddr, base: u16, plain: 
         l.set_nonblocking(true).map_err(|e| e.to_string())?;
         listeners.push((l, SocketAddr::new(host, to)));
     }
-    let ports = listeners.iter().map(|(l, _)| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect();
+    let ports: Vec<u16> = listeners.iter().map(|(l, _)| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect();
+    let proxy = match proxy {
+        Some((port, log)) => {
+            let addr = SocketAddr::new(host, port);
+            let l = std::net::TcpListener::bind(addr).map_err(|e| format!("--connect-proxy-port: bind {addr}: {e}"))?;
+            l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            Some((l, SocketAddr::new(host, ports[0]), log))
+        }
+        None => None,
+    };
+    let proxy_port = proxy.as_ref().and_then(|(l, _, _)| l.local_addr().ok()).map(|a| a.port());
     std::thread::Builder::new()
         .name("smg-sim-tls".into())
         .spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_io().build();
             match rt {
-                Ok(rt) => rt.block_on(serve(config, listeners)),
+                Ok(rt) => rt.block_on(async move {
+                    if let Some((l, to, log)) = proxy {
+                        tokio::spawn(connect_proxy(l, to, log));
+                    }
+                    serve(config, listeners).await
+                }),
                 Err(e) => eprintln!("smg-sim: TLS: no runtime: {e}"),
             }
         })
         .map_err(|e| format!("spawn: {e}"))?;
-    Ok(ports)
+    Ok((ports, proxy_port))
 }
 
 async fn serve(config: Arc<rustls::ServerConfig>, listeners: Vec<(std::net::TcpListener, SocketAddr)>) {
@@ -104,5 +132,45 @@ async fn serve(config: Arc<rustls::ServerConfig>, listeners: Vec<(std::net::TcpL
     }
     for l in loops {
         let _ = l.await;
+    }
+}
+
+/// The CONNECT proxy: reads `CONNECT target HTTP/1.1` and its headers, logs the target (and any
+/// `Proxy-Authorization`), answers 200 and pipes the tunnel to `to`. Anything else: 405.
+async fn connect_proxy(l: std::net::TcpListener, to: SocketAddr, log: ConnectLog) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(l) = tokio::net::TcpListener::from_std(l) else { return };
+    while let Ok((mut client, _)) = l.accept().await {
+        let log = log.clone();
+        tokio::spawn(async move {
+            let mut head = Vec::with_capacity(512);
+            let mut byte = [0u8; 1];
+            // Byte by byte to the blank line: nothing of the tunnel is read with the head.
+            while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                match client.read(&mut byte).await {
+                    Ok(1) => head.push(byte[0]),
+                    _ => return,
+                }
+            }
+            let text = String::from_utf8_lossy(&head);
+            let mut lines = text.split("\r\n");
+            let first: Vec<&str> = lines.next().unwrap_or("").split(' ').collect();
+            if first.len() != 3 || first[0] != "CONNECT" {
+                let _ = client.write_all(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n").await;
+                return;
+            }
+            let auth = lines
+                .filter_map(|h| h.split_once(':'))
+                .find(|(n, _)| n.trim().eq_ignore_ascii_case("proxy-authorization"))
+                .map(|(_, v)| v.trim().to_string());
+            if let Ok(mut g) = log.lock() {
+                g.push((first[1].to_string(), auth));
+            }
+            let Ok(mut up) = tokio::net::TcpStream::connect(to).await else { return };
+            if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
+                return;
+            }
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+        });
     }
 }

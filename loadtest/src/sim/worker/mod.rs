@@ -105,6 +105,8 @@ pub struct Worker {
     pub providers: Option<std::sync::Arc<crate::sim::provider::ProviderKeys>>,
     /// `/sim/control` `provider_fail`.
     pub provider_fail: Cell<Option<crate::sim::provider::ProviderFail>>,
+    /// `/sim/connects`: the CONNECT proxy's log.
+    pub connects: crate::sim::tls::ConnectLog,
 }
 
 // === impl Worker ===
@@ -181,6 +183,7 @@ impl Worker {
             requests: Default::default(),
             providers: spec.providers.clone(),
             provider_fail: Cell::new(None),
+            connects: spec.connects.clone(),
         })
     }
 
