@@ -454,3 +454,57 @@ fn an_engine_without_events_is_routed_by_the_gateways_view() {
         assert_ne!(metric(mport.parse().unwrap(), &live), Some(1.0));
     });
 }
+
+/// A gateway that joins an HTTP worker's ZMQ publisher after it published asks its replay
+/// socket for what it missed, in vLLM's replay protocol: its index then equals the worker's
+/// whole cache, where a gateway that only rebuilt from the next batch would hold that batch's
+/// blocks alone (without the replay socket this test fails so).
+#[test]
+fn a_late_subscriber_replays_what_it_missed() {
+    both_drivers(|legacy| {
+        let zmq = ["--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0"];
+        let w = Sim::start("m", &zmq);
+        let at = |k: &str| w.stats()["kv_events"][k].as_str().unwrap_or_default().to_string();
+        let flag = format!("{}={};replay={}", w.url(), at("endpoint"), at("replay_endpoint"));
+        let body = |i: usize| format!(r#"{{"model":"m","prompt":"{}","max_tokens":1}}"#, prompt(i));
+        // Published before any gateway listens.
+        for i in 0..4 {
+            assert_eq!(post(w.port, "/v1/completions", &body(i), &[]).status, 200);
+        }
+        let mport = free_port().to_string();
+        let u = w.url();
+        let args = [
+            "--worker-urls",
+            &u,
+            "--policy",
+            "cache_aware",
+            "--kv-events",
+            &flag,
+            "--log-level",
+            "debug",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &mport,
+        ];
+        let gw = Gateway::start(legacy, &args);
+        gw.ready_workers(1);
+        let subscribed = format!("KV-cache events of {u}: subscribed");
+        assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
+        // One more batch shows the gateway how far the publisher has counted. The subscription
+        // reaches the publisher some time after the connect (ZMQ's slow joiner): until a batch
+        // arrives, the worker is sent prompts its cache has not seen.
+        let series = format!(r#"smg_kv_index_blocks{{worker="{u}"}}"#);
+        let m: u16 = mport.parse().unwrap();
+        let mut i = 4;
+        let mirrored = wait_until(patience(Duration::from_secs(10)), || {
+            if metric(m, &series).is_none() {
+                assert_eq!(post(w.port, "/v1/completions", &body(i), &[]).status, 200);
+                i += 1;
+            }
+            metric(m, &series) == Some(cached_blocks(&w) as f64)
+        });
+        assert!(mirrored, "{series}: {:?} against the cache's {}", metric(m, &series), cached_blocks(&w));
+        assert!(!gw.log_has("rebuilding its blocks"), "replayed, not rebuilt");
+    });
+}
