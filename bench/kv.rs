@@ -11,6 +11,9 @@
 
 use std::hint::black_box;
 
+#[path = "shared.rs"]
+mod shared;
+
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use smg::kv::event::{from_msgpack, EngineHash, KvEvent};
 use smg::kv::index::BlockIndex;
@@ -165,24 +168,12 @@ fn chat_body_without_last(body: &str) -> String {
 }
 
 fn smollm2() -> Option<smg::tokenizer::Tokenizer> {
-    let p = std::env::var_os("LLAMA_MODEL").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/smg/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
-    p.is_file().then(|| smg::tokenizer::Tokenizer::from_gguf(&p).unwrap())
+    shared::smollm2_gguf().map(|p| smg::tokenizer::Tokenizer::from_gguf(&p).unwrap())
 }
 
-/// A chat request body of about `target` bytes: a system prompt and alternating turns.
+/// A chat request body of about `target` bytes (`shared.rs`'s conversation).
 fn chat_body(target: usize) -> String {
-    let sentence = "The quick brown fox jumps over the lazy dog, then asks about the weather in Paris. ";
-    let mut turns = vec![format!(r#"{{"role":"system","content":"{}"}}"#, sentence.repeat(2))];
-    let mut i = 0;
-    while turns.iter().map(String::len).sum::<usize>() < target {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
-        turns.push(format!(r#"{{"role":"{role}","content":"{} caf\u00e9 {i}\n{}"}}"#, sentence.repeat(2), i * 37));
-        i += 1;
-    }
-    format!(r#"{{"model":"m","messages":[{}],"max_tokens":16}}"#, turns.join(","))
+    format!(r#"{{"model":"m","messages":{},"max_tokens":16}}"#, shared::conversation(target))
 }
 
 criterion_group!(benches, all);

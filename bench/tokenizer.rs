@@ -6,30 +6,12 @@
 //! Needs the GGUF of `.ci/llama-worker.sh` (LLAMA_MODEL, or ~/.cache/smg).
 //! Run: `cargo bench --bench tokenizer`.
 
-use std::path::PathBuf;
-
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use smg::tokenizer::{TemplateInput, Tokenizer};
 
-fn model() -> Option<PathBuf> {
-    let p = std::env::var_os("LLAMA_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/smg/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
-    p.is_file().then_some(p)
-}
-
-/// A chat of about `target` bytes of JSON: a system prompt and alternating turns.
-fn conversation(target: usize) -> String {
-    let sentence = "The quick brown fox jumps over the lazy dog, then asks about the weather in Paris. ";
-    let mut turns = vec![format!(r#"{{"role":"system","content":"{}"}}"#, sentence.repeat(2))];
-    let mut i = 0;
-    while turns.iter().map(String::len).sum::<usize>() < target {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
-        turns.push(format!(r#"{{"role":"{role}","content":"{} caf\u00e9 {i}\n{}"}}"#, sentence.repeat(2), i * 37));
-        i += 1;
-    }
-    format!("[{}]", turns.join(","))
-}
+#[path = "shared.rs"]
+mod shared;
+use shared::{conversation, smollm2_gguf as model};
 
 fn bench(c: &mut Criterion) {
     let Some(path) = model() else {

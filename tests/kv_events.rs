@@ -41,6 +41,30 @@ fn following(legacy: bool, sims: &[&Sim], extra: &[&str]) -> (Gateway, u16) {
     (gw, mport)
 }
 
+/// A cache_aware gateway in front of the HTTP workers `sims`, following the ZMQ publishers
+/// `kv_events` (`--kv-events` values), with its metrics on a port of its own; returns it and
+/// that port once it follows every publisher.
+fn following_zmq(legacy: bool, sims: &[&Sim], kv_events: &[String], extra: &[&str]) -> (Gateway, u16) {
+    let mport = free_port();
+    let m = mport.to_string();
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut args: Vec<&str> = vec!["--worker-urls"];
+    args.extend(urls.iter().map(String::as_str));
+    for k in kv_events {
+        args.extend(["--kv-events", k.as_str()]);
+    }
+    args.extend(["--policy", "cache_aware", "--cores", "2", "--log-level", "debug"]);
+    args.extend(["--prometheus-host", "127.0.0.1", "--prometheus-port", &m]);
+    args.extend_from_slice(extra);
+    let gw = Gateway::start(legacy, &args);
+    gw.ready_workers(sims.len());
+    for u in &urls {
+        let subscribed = format!("KV-cache events of {u}: subscribed");
+        assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
+    }
+    (gw, mport)
+}
+
 /// The blocks `sim`'s cache holds now (16 tokens a block, the simulator's default).
 fn cached_blocks(sim: &Sim) -> u64 {
     sim.stats()["cache_used_tokens"].as_u64().unwrap_or(0) / 16
@@ -178,36 +202,7 @@ fn http_workers_events_over_zmq_route_hinted_prompts() {
             .iter()
             .map(|s| format!("{}={};replay={}", s.url(), endpoint(s, "endpoint"), endpoint(s, "replay_endpoint")))
             .collect();
-        let start = || {
-            let mport = free_port().to_string();
-            let (u0, u1) = (w[0].url(), w[1].url());
-            let args = [
-                "--worker-urls",
-                &u0,
-                &u1,
-                "--policy",
-                "cache_aware",
-                "--kv-events",
-                &flags[0],
-                "--kv-events",
-                &flags[1],
-                "--cores",
-                "2",
-                "--log-level",
-                "debug",
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                &mport,
-            ];
-            let gw = Gateway::start(legacy, &args);
-            gw.ready_workers(2);
-            for s in &w {
-                let subscribed = format!("KV-cache events of {}: subscribed", s.url());
-                assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
-            }
-            (gw, mport.parse::<u16>().unwrap())
-        };
+        let start = || following_zmq(legacy, &[&w[0], &w[1]], &flags, &[]);
         let (a, am) = start();
         let (b, bm) = start();
         let shown = support::get(a.port, "/workers").text();
@@ -278,40 +273,12 @@ fn http_chats_are_tokenized_and_matched_on_their_engines_blocks() {
         let at = |s: &Sim| format!("{}={}", s.url(), s.stats()["kv_events"]["endpoint"].as_str().unwrap_or_default());
         let (k0, k1) = (at(&w[0]), at(&w[1]));
         let start = || {
-            let mport = free_port().to_string();
-            let (u0, u1) = (w[0].url(), w[1].url());
-            let args = [
-                "--worker-urls",
-                &u0,
-                &u1,
-                "--policy",
-                "cache_aware",
-                "--kv-events",
-                &k0,
-                "--kv-events",
-                &k1,
-                "--tokenizer-path",
-                &dir,
-                "--cores",
-                "2",
-                "--log-level",
-                "debug",
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                &mport,
-            ];
-            let gw = Gateway::start(legacy, &args);
-            gw.ready_workers(2);
-            assert!(
-                wait_until(patience(Duration::from_secs(10)), || gw.log_has("HTTP requests are tokenized with")),
-                "tokenizer not loaded"
-            );
-            for s in &w {
-                let subscribed = format!("KV-cache events of {}: subscribed", s.url());
-                assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
-            }
-            (gw, mport.parse::<u16>().unwrap())
+            let (gw, m) =
+                following_zmq(legacy, &[&w[0], &w[1]], &[k0.clone(), k1.clone()], &["--tokenizer-path", &dir]);
+            let loaded =
+                wait_until(patience(Duration::from_secs(10)), || gw.log_has("HTTP requests are tokenized with"));
+            assert!(loaded, "tokenizer not loaded");
+            (gw, m)
         };
         let (a, am) = start();
         let (b, bm) = start();
@@ -471,31 +438,12 @@ fn a_late_subscriber_replays_what_it_missed() {
         for i in 0..4 {
             assert_eq!(post(w.port, "/v1/completions", &body(i), &[]).status, 200);
         }
-        let mport = free_port().to_string();
+        let (gw, m) = following_zmq(legacy, &[&w], &[flag], &[]);
         let u = w.url();
-        let args = [
-            "--worker-urls",
-            &u,
-            "--policy",
-            "cache_aware",
-            "--kv-events",
-            &flag,
-            "--log-level",
-            "debug",
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            &mport,
-        ];
-        let gw = Gateway::start(legacy, &args);
-        gw.ready_workers(1);
-        let subscribed = format!("KV-cache events of {u}: subscribed");
-        assert!(wait_until(patience(Duration::from_secs(10)), || gw.log_has(&subscribed)), "{subscribed}");
         // One more batch shows the gateway how far the publisher has counted. The subscription
         // reaches the publisher some time after the connect (ZMQ's slow joiner): until a batch
         // arrives, the worker is sent prompts its cache has not seen.
         let series = format!(r#"smg_kv_index_blocks{{worker="{u}"}}"#);
-        let m: u16 = mport.parse().unwrap();
         let mut i = 4;
         let mirrored = wait_until(patience(Duration::from_secs(10)), || {
             if metric(m, &series).is_none() {

@@ -17,7 +17,7 @@ use smg::contract::{self, Aliases, Endpoint};
 use smg::http::body::{Body, BodyReader, Step};
 use smg::http::multipart::{form_boundary, Event, FormReader};
 use smg::realtime::scan::{Scan, Scanner};
-use smg::tokenizer::{ChatTemplate, TemplateInput, ThinkingAsk, TokenizerConfig};
+use smg::tokenizer::{ChatTemplate, TokenizerConfig};
 use smg_proto::scheduler::{GenerateResponse, GetModelInfoResponse, HealthCheckResponse};
 use smg_wire::chunked::ChunkedDecoder;
 use sonic_rs::{JsonContainerTrait, JsonValueTrait};
@@ -320,22 +320,10 @@ fn template() -> &'static ChatTemplate {
 pub fn chat_template(data: &[u8]) {
     let _ = std::str::from_utf8(data).map(TokenizerConfig::parse);
     let Ok(body) = smg::bounded_json::value(data) else { return };
-    let Some(messages) = body.get("messages") else { return };
-    let ask = ThinkingAsk::of_body(&body);
-    let t = template();
-    let decision = t.thinking().decide(&ask);
-    let _ = t.thinking().thinks(decision);
-    let input = TemplateInput {
-        messages: Some(messages),
-        add_generation_prompt: !body.get("continue_final_message").and_then(|v| v.as_bool()).unwrap_or(false),
-        tools: body.get("tools").filter(|t| t.as_array().is_some_and(|a| !a.is_empty())),
-        reasoning_effort: ask.effort,
-        tool_choice: body.get("tool_choice"),
-        response_format: body.get("response_format"),
-        thinking: decision,
-        chat_template_kwargs: ask.kwargs,
-    };
-    let _ = t.render(&input);
+    if body.get("messages").is_none() {
+        return;
+    }
+    let _ = template().render_request(&body);
 }
 
 /// `smg::tokenizer::gguf::parse` of a GGUF header from memory, then the conversion of its
