@@ -175,6 +175,26 @@ fn workers_play_the_providers_their_host_names() {
         let _ = tls.read_to_end(&mut out);
         let r = String::from_utf8_lossy(&out);
         assert!(r.starts_with("HTTP/1.1 200") && r.contains("claude-x"), "{r}");
+        // Anthropic's Messages API, whole and streamed, with its key style.
+        let messages = |stream: bool| {
+            let body = format!(
+                r#"{{"model":"claude-x","max_tokens":3,"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+            );
+            let req = format!(
+                "POST /v1/messages HTTP/1.1\r\nhost: {{host}}\r\nx-api-key: sk-a\r\nanthropic-version: 2023-06-01\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            https(&cfg, port, "api.anthropic.com", &req).unwrap()
+        };
+        let r = messages(false);
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains(r#""type":"message""#), "{r}");
+        assert!(r.contains(r#""stop_reason":"max_tokens""#) && r.contains(r#""output_tokens":3"#), "{r}");
+        let r = messages(true);
+        let events: Vec<&str> = r.split("event: ").skip(1).filter_map(|e| e.split('\n').next()).collect();
+        let want = ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_delta"];
+        assert_eq!(&events[..5], want, "{r}");
+        assert_eq!(&events[5..], ["content_block_delta", "content_block_stop", "message_delta", "message_stop"], "{r}");
+        assert!(!r.contains("[DONE]"), "{r}");
         let asked = common::http(sim.ports[0], "GET", "/sim/connects", "").json();
         assert_eq!(asked[0]["target"].as_str(), Some("api.anthropic.com:443"), "{asked:?}");
         assert_eq!(asked[0]["proxy_authorization"].as_str(), Some("Basic dTpw"));

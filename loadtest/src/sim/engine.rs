@@ -175,12 +175,14 @@ async fn stream_response(
     );
     s.prefix.clear();
     s.events.clear();
-    if gen.api != Api::Generate {
+    if matches!(gen.api, Api::Chat | Api::Completions) {
         gen.put_chunk_prefix(&mut s.prefix);
     }
-    if gen.api == Api::Chat {
+    match gen.api {
         // The role delta goes out at admission, as engines send it before the first token.
-        gen.put_role_event(&mut s.events, &s.prefix);
+        Api::Chat => gen.put_role_event(&mut s.events, &s.prefix),
+        Api::Messages => gen.put_message_start(&mut s.events),
+        _ => {}
     }
     if each {
         flush_events(&mut s.out, &mut s.events);
@@ -221,13 +223,20 @@ async fn stream_response(
         write_out(stream, &mut s.out).await?;
         return Ok(false);
     }
-    if gen.api != Api::Generate {
-        gen.put_finish_event(&mut s.events, &s.prefix);
-        if job.include_usage {
-            gen.put_usage_event(&mut s.events, &s.prefix);
+    match gen.api {
+        Api::Chat | Api::Completions => {
+            gen.put_finish_event(&mut s.events, &s.prefix);
+            if job.include_usage {
+                gen.put_usage_event(&mut s.events, &s.prefix);
+            }
         }
+        Api::Messages => gen.put_message_end(&mut s.events),
+        _ => {}
     }
-    s.events.extend_from_slice(DONE_EVENT);
+    // Anthropic's stream ends with message_stop, not OpenAI's [DONE].
+    if gen.api != Api::Messages {
+        s.events.extend_from_slice(DONE_EVENT);
+    }
     flush_events(&mut s.out, &mut s.events);
     s.out.extend_from_slice(LAST_CHUNK);
     write_out(stream, &mut s.out).await?;

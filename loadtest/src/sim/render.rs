@@ -125,6 +125,7 @@ impl Gen<'_> {
     fn put_id(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(match self.api {
             Api::Chat => b"\"chatcmpl-sim",
+            Api::Messages => b"\"msg_sim",
             Api::Completions => b"\"cmpl-sim",
             Api::Generate | Api::Embeddings => b"\"sim",
         });
@@ -185,8 +186,69 @@ impl Gen<'_> {
                 out.push(b'}');
             }
             Api::Generate => self.put_generate(out, self.completion_tokens, true),
+            Api::Messages => {
+                self.put_message_open(out, "[{\"type\":\"text\",\"text\":\"");
+                Self::put_text(out, self.completion_tokens);
+                out.extend_from_slice(b"\"}],\"stop_reason\":\"");
+                out.extend_from_slice(self.stop_reason().as_bytes());
+                out.extend_from_slice(b"\",\"stop_sequence\":null,\"usage\":");
+                self.put_message_usage(out, self.completion_tokens);
+                out.push(b'}');
+            }
             Api::Embeddings => {}
         }
+    }
+
+    /// Anthropic's stop reason for the finish.
+    fn stop_reason(&self) -> &'static str {
+        if self.finish == "length" {
+            "max_tokens"
+        } else {
+            "end_turn"
+        }
+    }
+
+    /// `{"id":…,"type":"message","role":"assistant","model":…,"content":` and `content`.
+    fn put_message_open(&self, out: &mut Vec<u8>, content: &str) {
+        out.extend_from_slice(b"{\"id\":");
+        self.put_id(out);
+        out.extend_from_slice(b",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+        out.extend_from_slice(self.model_json.as_bytes());
+        out.extend_from_slice(b",\"content\":");
+        out.extend_from_slice(content.as_bytes());
+    }
+
+    fn put_message_usage(&self, out: &mut Vec<u8>, output: u32) {
+        out.extend_from_slice(b"{\"input_tokens\":");
+        put_u64(out, self.prompt_tokens);
+        out.extend_from_slice(b",\"cache_read_input_tokens\":");
+        put_u64(out, self.cached_tokens);
+        out.extend_from_slice(b",\"output_tokens\":");
+        put_u64(out, output as u64);
+        out.push(b'}');
+    }
+
+    /// A Messages stream's opening: `message_start`, the text block's `content_block_start`, a
+    /// `ping`, as Anthropic sends them before the first token.
+    pub fn put_message_start(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":");
+        self.put_message_open(out, "[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":");
+        self.put_message_usage(out, 1);
+        out.extend_from_slice(b"}}\n\n");
+        out.extend_from_slice(b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+        out.extend_from_slice(b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
+    }
+
+    /// A Messages stream's end: `content_block_stop`, `message_delta` with the stop reason and
+    /// the output tokens, `message_stop`.
+    pub fn put_message_end(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n");
+        out.extend_from_slice(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"");
+        out.extend_from_slice(self.stop_reason().as_bytes());
+        out.extend_from_slice(b"\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":");
+        put_u64(out, self.completion_tokens as u64);
+        out.extend_from_slice(b"}}\n\n");
+        out.extend_from_slice(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
     }
 
     /// `data: {...,"choices":[` — the part of every chat/completions chunk before the choice.
@@ -231,6 +293,11 @@ impl Gen<'_> {
                 out.extend_from_slice(b"data: ");
                 self.put_generate(out, done, done == self.completion_tokens);
                 out.extend_from_slice(b"\n\n");
+            }
+            Api::Messages => {
+                out.extend_from_slice(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"");
+                out.extend_from_slice(TOKEN.as_bytes());
+                out.extend_from_slice(b"\"}}\n\n");
             }
             Api::Embeddings => {}
         }

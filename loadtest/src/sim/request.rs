@@ -16,6 +16,8 @@ pub enum Api {
     /// SGLang native `/generate`.
     Generate,
     Embeddings,
+    /// Anthropic's `/v1/messages` (`--provider-keys` workers play Anthropic with it).
+    Messages,
 }
 
 /// What the simulator needs from a request body.
@@ -61,7 +63,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<GenRequest<'_>, String> {
                     .and_then(|v| v.as_bool())
                     .unwrap_or(false);
             }
-            (Api::Chat | Api::Completions, "max_tokens") => req.max_tokens = value.as_u64(),
+            (Api::Chat | Api::Completions | Api::Messages, "max_tokens") => req.max_tokens = value.as_u64(),
             (Api::Chat, "max_completion_tokens") => max_completion_tokens = value.as_u64(),
             (Api::Generate, "return_logprob") => {
                 req.return_logprob =
@@ -74,7 +76,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<GenRequest<'_>, String> {
             (Api::Generate, "sampling_params") => {
                 req.max_tokens = sonic_rs::get(value.as_raw_str(), ["max_new_tokens"]).ok().and_then(|v| v.as_u64());
             }
-            (Api::Chat, "messages")
+            (Api::Chat | Api::Messages, "messages")
             | (Api::Completions, "prompt")
             | (Api::Generate, "text" | "input_ids")
             | (Api::Embeddings, "input") => req.prompt = value.as_raw_cow(),

@@ -59,6 +59,7 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
         "/v1/chat/completions" => Route::Infer(Api::Chat),
         "/v1/completions" => Route::Infer(Api::Completions),
         "/v1/embeddings" => Route::Infer(Api::Embeddings),
+        "/v1/messages" => Route::Infer(Api::Messages),
         "/sim/control" => Route::SimControl,
         "/sim/stats" => Route::SimStats,
         "/sim/requests" => Route::SimRequests,
@@ -271,7 +272,7 @@ fn infer(w: &Worker, api: Api, body: &[u8], keep_alive: bool, out: &mut Vec<u8>)
     bump(&w.stats.inference, 1);
     let ids = match api {
         Api::Chat | Api::Completions | Api::Generate if w.tokenize_http => {
-            crate::sim::tokenizer::http_prompt_ids(api == Api::Chat, &req.prompt)
+            crate::sim::tokenizer::http_prompt_ids(matches!(api, Api::Chat | Api::Messages), &req.prompt)
         }
         _ => None,
     };
