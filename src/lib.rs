@@ -34,6 +34,7 @@ pub mod realtime;
 pub mod retry;
 pub mod routing;
 pub mod runtime;
+pub mod secret;
 pub mod serve;
 pub mod shard;
 pub mod tokenizer;

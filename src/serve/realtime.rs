@@ -161,7 +161,7 @@ async fn open(
     let authorization = match head.header(&client.buf, "authorization") {
         Some(v) => v,
         None => {
-            bearer = format!("Bearer {}", worker.meta.api_key.as_deref().unwrap_or(""));
+            bearer = format!("Bearer {}", worker.meta.api_key.as_ref().map_or("", crate::secret::Secret::expose));
             bearer.as_bytes()
         }
     };

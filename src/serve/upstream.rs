@@ -93,7 +93,7 @@ pub fn upstream_head(
     }
     if let Some(k) = &meta.api_key {
         out.extend_from_slice(b"authorization: Bearer ");
-        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(k.expose().as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     if let Some(s) = span {

@@ -19,6 +19,7 @@ use super::fleet::{Entry, Fleet, RegisterError, WorkerSpec};
 use super::probe;
 use super::snapshot::Runtime;
 use super::WorkerUrl;
+use crate::secret::Secret;
 #[cfg(test)]
 use crate::uuid::uuid_v7;
 
@@ -433,7 +434,7 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
         spec.model_id = Some(m);
     }
     if let Some(k) = string("api_key")? {
-        spec.api_key = Some(k);
+        spec.api_key = Some(Secret::new(k));
     }
     if let Some(t) = string("worker_type")? {
         let t = t.to_ascii_lowercase();
@@ -493,8 +494,8 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
 }
 
 /// Every registered worker once (ranks share their base URL), with its key.
-fn targets(fleet: &Fleet) -> Vec<(WorkerUrl, Option<String>)> {
-    let mut out: Vec<(WorkerUrl, Option<String>)> = Vec::new();
+fn targets(fleet: &Fleet) -> Vec<(WorkerUrl, Option<Secret>)> {
+    let mut out: Vec<(WorkerUrl, Option<Secret>)> = Vec::new();
     for e in fleet.entries.iter().filter(|e| e.draining_since.is_none()) {
         if !out.iter().any(|(u, _)| u.url == e.base.url) {
             out.push((e.base.clone(), e.spec.api_key.clone()));
@@ -505,7 +506,7 @@ fn targets(fleet: &Fleet) -> Vec<(WorkerUrl, Option<String>)> {
 
 /// `POST /flush_cache` to every worker (FlushCache for gRPC ones), one result each (SMG's
 /// FlushCacheResult).
-async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration) -> AdminReply {
+async fn flush_cache(targets: Vec<(WorkerUrl, Option<Secret>)>, timeout: Duration) -> AdminReply {
     let tasks: Vec<_> = targets
         .into_iter()
         .map(|(u, key)| {
@@ -515,7 +516,16 @@ async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duratio
                 let outcome = if u.grpc {
                     super::grpc_probe::flush_cache(&u, timeout).await
                 } else {
-                    match probe::request(&u, "POST", "/flush_cache", Some(b""), key.as_deref(), timeout).await {
+                    match probe::request(
+                        &u,
+                        "POST",
+                        "/flush_cache",
+                        Some(b""),
+                        key.as_ref().map(Secret::expose),
+                        timeout,
+                    )
+                    .await
+                    {
                         Ok(r) if (200..300).contains(&r.status) => Ok(()),
                         Ok(r) => Err(format!("HTTP {}", r.status)),
                         Err(e) => Err(e.to_string()),
@@ -576,7 +586,7 @@ async fn flush_cache(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duratio
 
 /// `GET /get_loads`: every worker's `/v1/loads`, with `load` = KV tokens in use (-1 when the
 /// worker does not say), as SMG reports it.
-async fn get_loads(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration) -> AdminReply {
+async fn get_loads(targets: Vec<(WorkerUrl, Option<Secret>)>, timeout: Duration) -> AdminReply {
     let tasks: Vec<_> = targets
         .into_iter()
         .map(|(u, key)| {
@@ -588,7 +598,7 @@ async fn get_loads(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration)
                     let details = r.as_ref().and_then(|(_, j)| sonic_rs::from_str::<Value>(j).ok());
                     return (u.url, details);
                 }
-                let r = probe::request(&u, "GET", "/v1/loads", None, key.as_deref(), timeout).await;
+                let r = probe::request(&u, "GET", "/v1/loads", None, key.as_ref().map(Secret::expose), timeout).await;
                 let details = r
                     .ok()
                     .filter(|r| (200..300).contains(&r.status))
@@ -626,7 +636,7 @@ async fn get_loads(targets: Vec<(WorkerUrl, Option<String>)>, timeout: Duration)
 /// `/get_server_info`, `/get_model_info`, `/health_generate`: the first routable worker's
 /// answer, passed through. SMG's gRPC router implements none of the three (501, plain text):
 /// so when that worker is a gRPC one.
-async fn pass_through(first: Option<(WorkerUrl, Option<String>)>, path: String) -> AdminReply {
+async fn pass_through(first: Option<(WorkerUrl, Option<Secret>)>, path: String) -> AdminReply {
     let Some((url, key)) = first else {
         return gateway_error(ReplyError::NoWorkers);
     };
@@ -645,7 +655,7 @@ async fn pass_through(first: Option<(WorkerUrl, Option<String>)>, path: String) 
         };
     }
     let _place = super::sockets::place().await;
-    match probe::request(&url, "GET", &path, None, key.as_deref(), Duration::from_secs(30)).await {
+    match probe::request(&url, "GET", &path, None, key.as_ref().map(Secret::expose), Duration::from_secs(30)).await {
         Ok(r) => json(r.status, r.body),
         Err(error) => gateway_error(ReplyError::Unreachable { worker: url.url, error }),
     }

@@ -60,7 +60,7 @@ impl OverloadThresholds {
 pub struct WorkerSpec {
     pub url: String,
     pub model_id: Option<String>,
-    pub api_key: Option<String>,
+    pub api_key: Option<crate::secret::Secret>,
     pub worker_type: String,
     /// A prefill worker's bootstrap port (SGLang pairs); None: the engine's default.
     pub bootstrap_port: Option<u16>,

@@ -38,7 +38,7 @@ pub struct WorkerMeta {
     pub runtime: Runtime,
     pub labels: Vec<(String, String)>,
     /// Sent to the worker as `Authorization: Bearer`, replacing the client's.
-    pub api_key: Option<String>,
+    pub api_key: Option<crate::secret::Secret>,
     /// `--dp-aware`: this entry is one rank of a data-parallel worker.
     pub dp_rank: Option<u32>,
     /// A `grpc://` worker's model (tokenizer, context window, sampling defaults); None for
