@@ -334,3 +334,27 @@ fn without_shed_an_overloaded_fleet_still_serves() {
     assert!(wait_until(patience(Duration::from_secs(5)), || over(&gw)));
     assert_eq!(post(gw.port, "/v1/chat/completions", &chat(false, 2), &[]).status, 200, "SMG's least-loaded fallback");
 }
+
+/// A worker registered with a key of its own: the key goes to that worker in its
+/// `Authorization`, and nowhere else: not in `GET /workers`, not in `GET /workers/{id}`, not in
+/// the gateway's log (at debug level).
+#[test]
+fn a_stored_key_reaches_its_worker_and_is_never_shown() {
+    both_drivers(|legacy| {
+        let w = FakeWorker::start("m");
+        let gw = Gateway::start(legacy, &["--log-level", "debug"]);
+        let key = "sk-stored-5f3a9c";
+        let id = register(gw.port, &format!(r#"{{"url":"{}","api_key":"{key}"}}"#, w.url()));
+        gw.ready_workers(1);
+        let r = post(gw.port, "/v1/chat/completions", &chat(false, 2), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let seen = w.requests();
+        assert_eq!(seen.last().and_then(|q| q.header("authorization")), Some(format!("Bearer {key}").as_str()));
+        for path in ["/workers".to_string(), format!("/workers/{id}")] {
+            let shown = get(gw.port, &path);
+            assert_eq!(shown.status, 200);
+            assert!(!shown.text().contains(key), "{path}: {}", shown.text());
+        }
+        assert!(!gw.log_text().contains(key), "the log shows the key");
+    });
+}
