@@ -26,3 +26,10 @@ pub enum Feed {
 
 /// The backoff between connections: doubling from the first to the last.
 pub const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+/// Sleeps `backoff` before a feed subscribes again, then doubles it up to the cap (a batch
+/// that arrives resets it to `BACKOFF.0`).
+pub async fn back_off(backoff: &mut Duration) {
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(BACKOFF.1);
+}

@@ -10,7 +10,7 @@ use smg_proto::paths::sglang_scheduler as path;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::event::from_proto;
-use super::feed::{Feed, BACKOFF};
+use super::feed::{back_off, Feed, BACKOFF};
 use crate::grpc::wire::{self, Code, Deframer, Status};
 use crate::workers::grpc_probe::connect;
 use crate::workers::WorkerUrl;
@@ -36,8 +36,7 @@ pub async fn follow(url: WorkerUrl, tx: UnboundedSender<Feed>, resume_from: impl
             }
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF.1);
+        back_off(&mut backoff).await;
     }
 }
 

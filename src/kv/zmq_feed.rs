@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::event::from_msgpack;
-use super::feed::{Feed, BACKOFF};
+use super::feed::{back_off, Feed, BACKOFF};
 use crate::workers::kv_events_source::KvEventsSource;
 
 /// The longest a replay may take before what it returned so far is used.
@@ -33,8 +33,7 @@ pub async fn follow(url: String, src: KvEventsSource, tx: UnboundedSender<Feed>)
         if tx.send(Feed::Down { url: url.clone(), why }).is_err() {
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF.1);
+        back_off(&mut backoff).await;
     }
 }
 
