@@ -22,10 +22,11 @@ use crate::tokenizer::Tokenizer;
 const NAMESPACED: [&str; 4] = ["lora_path", "lora_name", "cache_salt", "extra_key"];
 
 /// The prompt's ids, or None when the engine's keys cannot be known (module docs).
+/// `body`: as the inspect phase passed it, its nesting bounded (`bounded_json::inspected_value`).
 /// `cache`: the shard's remembered segments (a conversation's earlier turns are not encoded
 /// again; `tokenizer/segment_cache.rs`).
 pub fn prompt_ids(tk: &Tokenizer, field: TextSource, body: &[u8], cache: &mut SegmentCache) -> Option<Vec<u32>> {
-    let v = crate::bounded_json::value(body).ok()?;
+    let v = crate::bounded_json::inspected_value(body).ok()?;
     if NAMESPACED.iter().any(|k| v.get(*k).is_some_and(|x| !x.is_null())) {
         return None;
     }

@@ -83,7 +83,7 @@ impl ChatTemplate {
     /// tools (when any), `tool_choice`, `response_format`, the reasoning decision, and the
     /// generation prompt unless `continue_final_message`. Returns the text and whether the
     /// model starts in reasoning mode. One place for both readers: the gRPC request builder
-    /// and the HTTP router's prompt ids (`routing/prompt_ids.rs`).
+    /// and the HTTP router's prompt ids (`kv/prompt_ids.rs`).
     pub fn render_request(&self, body: &sonic_rs::Value) -> Result<(String, bool), String> {
         use sonic_rs::{JsonContainerTrait, JsonValueTrait};
         let ask = super::thinking::ThinkingAsk::of_body(body);
