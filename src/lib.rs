@@ -23,6 +23,7 @@ pub mod config;
 pub mod contract;
 pub mod demo;
 pub mod duration;
+pub mod egress;
 pub mod grpc;
 pub mod http;
 pub mod io;

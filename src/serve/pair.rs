@@ -200,6 +200,7 @@ async fn send(
         span,
         &worker.meta,
         None,
+        shard.cfg().auth.serving_enabled(),
     );
     let mut conn = open_to(shard, worker, fresh).await?;
     let n = body.len();

@@ -49,7 +49,7 @@ impl From<WorkerError> for AttemptError {
 /// The request head a worker gets: the client's target, our Host and framing, and the
 /// client headers the contract forwards; with tracing, our span replaces the caller's
 /// `traceparent`; a worker registered with its own key gets that key instead of the
-/// client's. For a data-parallel rank the body gets `"data_parallel_rank": k` spliced in
+/// client's. A cloud provider gets one key, in its own style ([`provider_key`]). For a data-parallel rank the body gets `"data_parallel_rank": k` spliced in
 /// after its opening brace: the head ends with the brace and the field, and the returned
 /// count of body bytes (up to and including the brace) is skipped when the body is written.
 /// The Content-Type is `application/json`, or the client's own when `content_type` points
@@ -66,6 +66,7 @@ pub fn upstream_head(
     span: Option<&SpanIds>,
     meta: &WorkerMeta,
     content_type: Option<&Range<usize>>,
+    gateway_keys: bool,
 ) -> usize {
     let mut splice = [0u8; 48];
     let (skip, insert) = match meta.dp_rank.and_then(|r| rank_splice(body, r, &mut splice)) {
@@ -86,15 +87,24 @@ pub fn upstream_head(
         if span.is_some() && name.eq_ignore_ascii_case(b"traceparent") {
             continue;
         }
-        if meta.api_key.is_some() && name.eq_ignore_ascii_case(b"authorization") {
+        if (meta.api_key.is_some() || meta.provider.is_some()) && name.eq_ignore_ascii_case(b"authorization") {
             continue;
         }
         header_line(out, name, &buf[h.value.clone()]);
     }
-    if let Some(k) = &meta.api_key {
-        out.extend_from_slice(b"authorization: Bearer ");
-        out.extend_from_slice(k.expose().as_bytes());
-        out.extend_from_slice(b"\r\n");
+    match meta.provider {
+        None => {
+            if let Some(k) = &meta.api_key {
+                out.extend_from_slice(b"authorization: Bearer ");
+                out.extend_from_slice(k.expose().as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        Some(p) => {
+            if let Some(k) = provider_key(head, buf, meta, gateway_keys) {
+                p.write_key(out, k, head.header(buf, "anthropic-version").is_some());
+            }
+        }
     }
     if let Some(s) = span {
         out.extend_from_slice(b"traceparent: ");
@@ -105,6 +115,23 @@ pub fn upstream_head(
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(insert);
     skip
+}
+
+/// The one key a cloud provider gets. The caller's own wins: their `Authorization: Bearer`
+/// (on `/v1/responses` their `x-api-key` or `x-goog-api-key` first, as the contract says),
+/// unless the gateway checks keys (`--api-key`, `--tenant-api-key`), when what the caller sent
+/// is a gateway key, which never reaches a provider. Otherwise the key stored with the worker,
+/// which goes to no other worker. None: the request goes without a key (the provider answers 401).
+fn provider_key<'a>(head: &RequestHead, buf: &'a [u8], meta: &'a WorkerMeta, gateway_keys: bool) -> Option<&'a [u8]> {
+    let own = |name: &str| head.header(buf, name).map(|v| v.trim_ascii()).filter(|v| !v.is_empty());
+    let caller = if gateway_keys {
+        None
+    } else {
+        let responses = &buf[head.path.clone()] == b"/v1/responses";
+        let native = if responses { own("x-api-key").or_else(|| own("x-goog-api-key")) } else { None };
+        native.or_else(|| own("authorization").map(crate::workers::provider::bearer).filter(|k| !k.is_empty()))
+    };
+    caller.or_else(|| meta.api_key.as_ref().map(|k| k.expose().as_bytes()))
 }
 
 /// Where the client's Content-Type value is in the connection buffer, for the endpoints that
@@ -255,8 +282,19 @@ impl HttpRequest {
         };
         let bytes = sent.bytes(&client.buf);
         let (authority, ct) = (&worker.url.authority, self.content_type.as_ref());
-        let skip =
-            upstream_head(&mut self.up_head, head, &client.buf, authority, bytes, bytes.len(), span, &worker.meta, ct);
+        let keys = shard.cfg().auth.serving_enabled();
+        let skip = upstream_head(
+            &mut self.up_head,
+            head,
+            &client.buf,
+            authority,
+            bytes,
+            bytes.len(),
+            span,
+            &worker.meta,
+            ct,
+            keys,
+        );
         if translate {
             decisions::retarget(&mut self.up_head, head.target.len());
         }

@@ -138,7 +138,11 @@ pub fn handle(fleet: &mut Fleet, req: AdminRequest, now: Instant) -> (Answer, bo
         (Get, "/get_loads") => (Answer::Later(Box::pin(get_loads(targets(fleet), fleet.cfg.health_timeout))), false),
         (Get, "/get_server_info" | "/get_model_info" | "/health_generate") => {
             let path = path.to_string();
-            let first = fleet.entries.iter().find(|e| e.routable()).map(|e| (e.base.clone(), e.spec.api_key.clone()));
+            let first = fleet
+                .entries
+                .iter()
+                .find(|e| e.routable() && e.provider().is_none())
+                .map(|e| (e.base.clone(), e.spec.api_key.clone()));
             (Answer::Later(Box::pin(pass_through(first, path))), false)
         }
         _ => now_answer(error(405, "METHOD_NOT_ALLOWED", "Method not allowed")),
@@ -335,7 +339,11 @@ fn info(b: &mut Vec<u8>, e: &Entry) {
     field(b, "connection_mode", false);
     put_str(b, if e.base.grpc { "grpc" } else { "http" });
     field(b, "runtime_type", false);
-    put_str(b, e.runtime.as_str());
+    put_str(b, if e.provider().is_some() { "external" } else { e.runtime.as_str() });
+    if let Some(p) = e.provider() {
+        field(b, "provider", false);
+        put_str(b, p.name());
+    }
     if !e.spec.labels.is_empty() {
         field(b, "labels", false);
         b.push(b'{');
@@ -460,8 +468,19 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
             false => Some(crate::workers::kv_events_source::KvEventsSource::from_json(k)?),
         };
     }
+    if let Some(p) = string("provider")? {
+        let known = super::provider::Provider::parse(&p);
+        spec.provider =
+            Some(known.ok_or_else(|| format!("unknown provider '{p}' (openai, anthropic, gemini or xai)"))?);
+    }
     if let Some(r) = string("runtime_type")?.or(string("runtime")?) {
-        if !r.eq_ignore_ascii_case("unspecified") {
+        if r.eq_ignore_ascii_case("external") {
+            // A cloud provider: named by `provider`, else by the URL's host; a host no
+            // provider owns speaks OpenAI's API (SMG's default for external workers).
+            let host = spec.url.split_once("://").map_or("", |(_, r)| r).split(':').next().unwrap_or("");
+            let by_host = super::provider::Provider::of_host(host);
+            spec.provider = spec.provider.or(by_host).or(Some(super::provider::Provider::OpenAi));
+        } else if !r.eq_ignore_ascii_case("unspecified") {
             spec.runtime = Some(Runtime::parse(&r).ok_or_else(|| format!("unknown runtime_type '{r}'"))?);
         }
     }
@@ -493,10 +512,11 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// Every registered worker once (ranks share their base URL), with its key.
+/// Every registered self-hosted worker once (ranks share their base URL), with its key. A
+/// cloud provider has no engine to flush or load to report, and its key is for its API only.
 fn targets(fleet: &Fleet) -> Vec<(WorkerUrl, Option<Secret>)> {
     let mut out: Vec<(WorkerUrl, Option<Secret>)> = Vec::new();
-    for e in fleet.entries.iter().filter(|e| e.draining_since.is_none()) {
+    for e in fleet.entries.iter().filter(|e| e.draining_since.is_none() && e.provider().is_none()) {
         if !out.iter().any(|(u, _)| u.url == e.base.url) {
             out.push((e.base.clone(), e.spec.api_key.clone()));
         }

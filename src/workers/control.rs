@@ -152,12 +152,20 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
             e.probing = true;
             let (id, url, done) = (e.id, e.base.clone(), done.clone());
             let discover = !e.discovered;
-            let check = checks && !e.spec.health_disabled.unwrap_or(false);
+            let provider = e.provider();
+            let key = provider.and(e.spec.api_key.clone());
+            let check = checks && !e.spec.health_disabled.unwrap_or(false) && provider.is_none();
             let endpoint = endpoint.clone();
             let source = source.clone();
             let what = format!("health check of {}", url.url);
             let probe = async move {
                 let _place = super::sockets::place().await;
+                if let Some(p) = provider {
+                    // Not health-checked (fleet.rs); its models are asked for once.
+                    let key = key.as_ref().map(crate::secret::Secret::expose);
+                    let discovery = if discover { probe::provider_discover(&url, p, key, timeout).await } else { None };
+                    return ProbeResult { passed: true, discovery, skipped: false };
+                }
                 if url.grpc {
                     check_grpc_worker(&url, &source, check, discover, timeout).await
                 } else {
@@ -169,7 +177,8 @@ fn start_due(fleet: &mut Fleet, now: Instant, done: &flume::Sender<Done>) {
                 let _ = done.send(Done::Probe(id, r));
             });
         }
-        if let Some(every) = load_every {
+        // A provider publishes no load.
+        if let (Some(every), None) = (load_every, e.provider()) {
             if e.next_load_poll <= now {
                 e.next_load_poll = now + every;
                 let (id, url, done) = (e.id, e.base.clone(), done.clone());

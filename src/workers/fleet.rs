@@ -76,6 +76,9 @@ pub struct WorkerSpec {
     /// Per-worker health-check overrides.
     pub health_interval: Option<Duration>,
     pub health_disabled: Option<bool>,
+    /// A cloud provider, as `POST /workers` names it (`"provider"`); else the URL's host
+    /// says (`provider.rs`).
+    pub provider: Option<super::provider::Provider>,
 }
 
 // === impl WorkerSpec ===
@@ -121,6 +124,8 @@ pub struct Entry {
     pub created: std::time::SystemTime,
     /// What discovery found of a gRPC worker's model (None for HTTP workers).
     pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
+    /// A provider's models after `model`, as its `/v1/models` listed them.
+    pub more_models: Vec<String>,
     meta: Arc<WorkerMeta>,
 }
 
@@ -146,11 +151,20 @@ impl Entry {
             grpc: self.grpc.clone(),
             role: super::snapshot::Role::of(&self.spec.worker_type, self.spec.bootstrap_port),
             kv_events: self.spec.kv_events.clone().map(Arc::new),
+            provider: self.provider(),
+            more_models: self.more_models.clone(),
         });
     }
 
+    /// The cloud provider it is, if any: named at registration, or by its URL's host.
+    pub fn provider(&self) -> Option<super::provider::Provider> {
+        self.spec.provider.or(self.base.provider)
+    }
+
+    /// A provider is not health-checked (its API has no health endpoint, and a check with the
+    /// stored key would be billed traffic); it is Ready once its models are known.
     fn health_checked(&self, cfg: &FleetConfig) -> bool {
-        cfg.health_checks && !self.spec.health_disabled.unwrap_or(false)
+        cfg.health_checks && !self.spec.health_disabled.unwrap_or(false) && self.provider().is_none()
     }
 
     /// When the next health check is due: Ready workers every interval, others every
@@ -187,6 +201,8 @@ pub struct Discovery {
     pub max_running: Option<u64>,
     /// A gRPC worker's model: its tokenizer, context window and sampling defaults.
     pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
+    /// A provider's other models (its `/v1/models` after the first, which is `model`).
+    pub more_models: Vec<String>,
 }
 
 /// Why a registration was refused.
@@ -214,6 +230,8 @@ pub struct Fleet {
     transitions: Vec<(String, BreakerState, BreakerState, u64)>,
     /// Health checks made: passed, failed.
     health_checks: [u64; 2],
+    /// TLS to `https://` workers (`egress/`), started with the first of them.
+    egress: Option<crate::egress::Egress>,
 }
 
 /// What the metrics listener shows of the fleet.
@@ -239,7 +257,23 @@ pub struct WorkerStats {
 
 impl Fleet {
     pub fn new(cfg: FleetConfig) -> Self {
-        Fleet { cfg, entries: Vec::new(), next_id: 0, generation: 0, transitions: Vec::new(), health_checks: [0; 2] }
+        Fleet {
+            cfg,
+            entries: Vec::new(),
+            next_id: 0,
+            generation: 0,
+            transitions: Vec::new(),
+            health_checks: [0; 2],
+            egress: None,
+        }
+    }
+
+    /// The egress thread's loopback port for a TLS origin; the thread starts with the first.
+    fn egress_port(&mut self, origin: &crate::egress::Origin) -> Result<SocketAddr, String> {
+        if self.egress.is_none() {
+            self.egress = Some(crate::egress::Egress::start()?);
+        }
+        self.egress.as_mut().map_or(Err(String::new()), |e| e.port(origin))
     }
 
     fn fresh_id(&mut self) -> WorkerId {
@@ -262,7 +296,10 @@ impl Fleet {
         if self.entries.len() >= MAX_WORKERS {
             return Err(RegisterError::Full);
         }
-        let url = WorkerUrl::parse(&spec.url).map_err(RegisterError::BadUrl)?;
+        let mut url = WorkerUrl::parse(&spec.url).map_err(RegisterError::BadUrl)?;
+        if let Some(origin) = &url.tls {
+            url.addr = self.egress_port(origin).map_err(RegisterError::BadUrl)?;
+        }
         if let Some(own) = self.cfg.own_listeners.iter().find(|own| is_listener(own, url.addr)) {
             return Err(RegisterError::OwnListener(format!(
                 "worker URL '{}' is this gateway's own listener {own}: every request would come back to it",
@@ -311,6 +348,7 @@ impl Fleet {
             next_load_poll: now,
             created: std::time::SystemTime::now(),
             grpc: None,
+            more_models: Vec::new(),
             meta: Arc::default(),
             spec,
         };
@@ -339,6 +377,7 @@ impl Fleet {
             e.dp_size = d.dp_size;
             e.max_running = d.max_running;
             e.grpc = d.grpc;
+            e.more_models = d.more_models;
             e.refresh_meta();
         }
         let checked = e.health_checked(&cfg);
@@ -665,6 +704,7 @@ mod tests {
                 dp_size: dp,
                 max_running: None,
                 grpc: None,
+                more_models: Vec::new(),
             }),
             skipped: false,
         }

@@ -286,7 +286,14 @@ pub async fn discover(url: &WorkerUrl, timeout: Duration, source: &ModelSource) 
             &tokenizer,
         ),
     };
-    Some(Discovery { model, runtime: Runtime::Sglang, dp_size, max_running, grpc: Some(Arc::new(grpc)) })
+    Some(Discovery {
+        model,
+        runtime: Runtime::Sglang,
+        dp_size,
+        max_running,
+        grpc: Some(Arc::new(grpc)),
+        more_models: Vec::new(),
+    })
 }
 
 /// The model's output parsers: the operator's, else those of the first of its names (served

@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod grpc_probe;
 pub mod kv_events_source;
 pub mod probe;
+pub mod provider;
 pub mod snapshot;
 mod sockets;
 pub mod status;

@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
-use sonic_rs::JsonValueTrait;
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::fleet::Discovery;
+use super::provider::Provider;
 use super::snapshot::Runtime;
 use super::WorkerUrl;
 use smg_wire::chunked::ChunkedDecoder;
@@ -39,7 +40,8 @@ pub async fn request(
     api_key: Option<&str>,
     timeout: Duration,
 ) -> std::io::Result<ProbeResponse> {
-    match tokio::time::timeout(timeout, exchange(worker, method, path, body, api_key)).await {
+    let auth = api_key.map(|k| format!("Authorization: Bearer {k}\r\n").into_bytes()).unwrap_or_default();
+    match tokio::time::timeout(timeout, exchange(worker, method, path, body, &auth)).await {
         Ok(r) => r,
         Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
     }
@@ -50,21 +52,19 @@ async fn exchange(
     method: &str,
     path: &str,
     body: Option<&[u8]>,
-    api_key: Option<&str>,
+    auth: &[u8],
 ) -> std::io::Result<ProbeResponse> {
     let mut s = TcpStream::connect(worker.addr).await?;
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\nConnection: close\r\n",
         worker.authority
     );
-    if let Some(k) = api_key {
-        req.push_str(&format!("Authorization: Bearer {k}\r\n"));
-    }
     if let Some(b) = body {
         req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
     }
-    req.push_str("\r\n");
     let mut out = req.into_bytes();
+    out.extend_from_slice(auth);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body.unwrap_or_default());
     s.write_all(&out).await?;
     // Read until the framed body is complete, not until EOF: a worker that ignores
@@ -183,6 +183,44 @@ pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery
         dp_size: field("dp_size").map(|n| n.clamp(1, 1024) as u32),
         max_running: field("max_running_requests"),
         grpc: None,
+        more_models: Vec::new(),
+    })
+}
+
+/// A cloud provider's discovery: its `/v1/models` asked with the stored key in the
+/// provider's style (OpenAI's list shape; Anthropic's has the same `data[].id`). None
+/// without a key (nothing to ask with: the worker serves once a model is given), or when
+/// the provider refuses or lists nothing.
+pub async fn provider_discover(
+    worker: &WorkerUrl,
+    provider: Provider,
+    key: Option<&str>,
+    timeout: Duration,
+) -> Option<Discovery> {
+    let mut auth = Vec::new();
+    provider.write_key(&mut auth, key?.as_bytes(), false);
+    let r = match tokio::time::timeout(timeout, exchange(worker, "GET", "/v1/models", None, &auth)).await {
+        Ok(Ok(r)) if (200..300).contains(&r.status) => r,
+        Ok(Ok(r)) => {
+            crate::warn!("worker {}: {} answered /v1/models with {}", worker.url, provider.name(), r.status);
+            return None;
+        }
+        Ok(Err(e)) => {
+            crate::warn!("worker {}: /v1/models: {e}", worker.url);
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let v = crate::bounded_json::value(&r.body).ok()?;
+    let mut ids = v["data"].as_array()?.iter().filter_map(|m| m["id"].as_str()).map(str::to_string);
+    let model = ids.next()?;
+    Some(Discovery {
+        model,
+        runtime: Runtime::Unspecified,
+        dp_size: None,
+        max_running: None,
+        grpc: None,
+        more_models: ids.collect(),
     })
 }
 

@@ -49,6 +49,11 @@ pub struct WorkerMeta {
     pub role: Role,
     /// Where it publishes KV-cache events over ZMQ (HTTP workers; gRPC workers stream them).
     pub kv_events: Option<Arc<crate::workers::kv_events_source::KvEventsSource>>,
+    /// A cloud provider: its key goes in the provider's style, never a gateway key
+    /// (`serve/upstream.rs`), and its models are not in the keyless `/v1/models`.
+    pub provider: Option<super::provider::Provider>,
+    /// A provider's models after `Worker::model`.
+    pub more_models: Vec<String>,
 }
 
 /// The part a worker plays: whole requests, or one leg of a prefill/decode pair. A prefill
@@ -190,9 +195,10 @@ impl Snapshot {
         let mut by_model: HashMap<String, Vec<usize>> = HashMap::new();
         let mut models: Vec<&str> = Vec::new();
         for (pos, w) in workers.iter().enumerate() {
-            if let Some(m) = &w.model {
+            for m in w.model.iter().chain(&w.meta.more_models) {
                 let ids = by_model.entry(m.clone()).or_default();
-                if ids.is_empty() {
+                // The keyless list is the self-hosted models' (a provider's need a key).
+                if w.meta.provider.is_none() && !models.contains(&m.as_str()) {
                     models.push(m);
                 }
                 ids.push(pos);

@@ -1,0 +1,199 @@
+//! Cloud providers as workers, through the binary: a self-hosted worker beside OpenAI,
+//! Anthropic, Gemini and xAI, all four played by one smg-sim over TLS (its CA trusted by
+//! `SSL_CERT_FILE`) and reached only through its CONNECT proxy (`HTTPS_PROXY`), as a
+//! gateway behind a corporate proxy reaches the real ones. Every key rule is checked over
+//! every request the stand-in saw.
+
+mod support;
+
+use std::time::Duration;
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+use support::admit::start_env;
+use support::sim::Sim;
+use support::*;
+
+/// Keys the stand-in accepts: two OpenAI keys (the stored one and a caller's own), one each
+/// for the others, each with its models.
+const KEYS: &str = r#"{
+  "sk-o-stored": {"provider": "openai", "models": ["gpt-4o", "gpt-4o-mini"]},
+  "sk-o-callers": {"provider": "openai", "models": ["gpt-4o"]},
+  "sk-a-stored": {"provider": "anthropic", "models": ["claude-x"]},
+  "g-stored": {"provider": "gemini", "models": ["gemini-x"]},
+  "xai-stored": {"provider": "xai", "models": ["grok-x"]}
+}"#;
+
+/// The stand-in and where its files are.
+struct Cloud {
+    sim: Sim,
+    proxy: u16,
+    ca: String,
+}
+
+fn cloud(tag: &str) -> Cloud {
+    let dir = std::env::temp_dir().join(format!("smg-providers-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("keys.json");
+    std::fs::write(&keys, KEYS).unwrap();
+    let proxy = free_port();
+    let (d, k, p) = (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string(), proxy.to_string());
+    let sim = Sim::start("cloud-sim", &["--tls-dir", &d, "--provider-keys", &k, "--connect-proxy-port", &p]);
+    assert!(
+        wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", proxy)).is_ok()),
+        "the stand-in's proxy on {proxy} did not start"
+    );
+    Cloud { sim, proxy, ca: dir.join("ca.pem").to_str().unwrap().to_string() }
+}
+
+fn chat(model: &str) -> String {
+    format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":3}}"#)
+}
+
+fn register(port: u16, json: &str) {
+    let r = post(port, "/workers", json, &[]);
+    assert_eq!(r.status, 202, "{json}: {}", r.text());
+}
+
+/// The four providers, each with its stored key.
+fn register_all(port: u16) {
+    register(port, r#"{"url":"https://api.openai.com","api_key":"sk-o-stored","runtime_type":"external"}"#);
+    register(port, r#"{"url":"https://api.anthropic.com","api_key":"sk-a-stored"}"#);
+    register(port, r#"{"url":"https://generativelanguage.googleapis.com","api_key":"g-stored","provider":"gemini"}"#);
+    register(port, r#"{"url":"https://api.x.ai","api_key":"xai-stored","runtime_type":"external","provider":"xai"}"#);
+}
+
+/// Waits until `model` is served (its provider's models were discovered).
+fn wait_served(gw: &Gateway, model: &str) {
+    let ok =
+        wait_until(Duration::from_secs(20), || post(gw.port, "/v1/chat/completions", &chat(model), &[]).status == 200);
+    assert!(ok, "{model} never served; log:\n{}", gw.log_text());
+}
+
+/// Every request the stand-in saw, as `/sim/requests` lists them.
+fn seen(cloud: &Cloud) -> Vec<sonic_rs::Value> {
+    get(cloud.sim.port, "/sim/requests").json().as_array().unwrap().iter().cloned().collect()
+}
+
+fn field<'a>(r: &'a sonic_rs::Value, name: &str) -> Option<&'a str> {
+    r[name].as_str()
+}
+
+#[test]
+fn a_mixed_fleet_routes_each_model_to_its_provider_with_its_key() {
+    both_drivers(|legacy| {
+        let cloud = cloud(&format!("mixed-{legacy}"));
+        let own = Sim::start("self-model", &[]);
+        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
+        let gw = start_env(
+            legacy,
+            &["--worker-urls", &own.url(), "--log-level", "debug"],
+            &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca), ("NO_PROXY", "")],
+        );
+        gw.ready_workers(1);
+        register_all(gw.port);
+        for m in ["gpt-4o", "gpt-4o-mini", "claude-x", "gemini-x", "grok-x"] {
+            wait_served(&gw, m);
+        }
+        // Each model went to its provider's host with that provider's key, in its style.
+        let want = [
+            ("gpt-4o-mini", "api.openai.com", "authorization", "Bearer sk-o-stored"),
+            ("claude-x", "api.anthropic.com", "x-api-key", "sk-a-stored"),
+            ("gemini-x", "generativelanguage.googleapis.com", "x-goog-api-key", "g-stored"),
+            ("grok-x", "api.x.ai", "authorization", "Bearer xai-stored"),
+        ];
+        for (model, host, header, key) in want {
+            let r = post(gw.port, "/v1/chat/completions", &chat(model), &[]);
+            assert_eq!(r.status, 200, "{model}: {}", r.text());
+            let all = seen(&cloud);
+            let last = all.iter().rev().find(|q| field(q, "path") == Some("/v1/chat/completions")).unwrap();
+            assert_eq!(field(last, "host"), Some(host), "{model}: {last:?}");
+            assert_eq!(field(last, header), Some(key), "{model}: {last:?}");
+        }
+        let anthropic = seen(&cloud).into_iter().rev().find(|q| field(q, "host") == Some("api.anthropic.com")).unwrap();
+        assert_eq!(field(&anthropic, "anthropic-version"), Some("2023-06-01"));
+        assert_eq!(field(&anthropic, "authorization"), None, "{anthropic:?}");
+        // The self-hosted model is served by its own worker, which saw no provider key.
+        let r = post(gw.port, "/v1/chat/completions", &chat("self-model"), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(get(own.port, "/sim/requests").json().as_array().unwrap().iter().all(|q| q["authorization"].is_null()));
+        // A caller's own key wins over the stored one, which is then not sent.
+        let r = post(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &["Authorization: Bearer sk-o-callers"]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let last = seen(&cloud).pop().unwrap();
+        assert_eq!(field(&last, "authorization"), Some("Bearer sk-o-callers"), "{last:?}");
+        // Keyless /v1/models lists the self-hosted models only.
+        let models = get(gw.port, "/v1/models").json();
+        let ids: Vec<&str> = models["data"].as_array().unwrap().iter().filter_map(|m| m["id"].as_str()).collect();
+        assert_eq!(ids, ["self-model"], "{models:?}");
+        // An unknown model is 404 model_not_found, and nothing is sent anywhere.
+        let before = seen(&cloud).len();
+        let r = post(gw.port, "/v1/chat/completions", &chat("gpt-9"), &[]);
+        assert_eq!(r.status, 404, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("model_not_found"), "{}", r.text());
+        assert_eq!(seen(&cloud).len(), before);
+        // The workers list names each provider and shows no key; nor does the log.
+        let listed = get(gw.port, "/workers").text();
+        for p in ["openai", "anthropic", "gemini", "xai"] {
+            assert!(listed.contains(&format!(r#""provider":"{p}""#)), "{listed}");
+        }
+        for key in ["sk-o-stored", "sk-a-stored", "g-stored", "xai-stored", "sk-o-callers"] {
+            assert!(!listed.contains(key), "GET /workers shows {key}");
+            assert!(!gw.log_text().contains(key), "the log shows {key}");
+        }
+        // No stored key ever reached another provider.
+        for q in seen(&cloud) {
+            let host = field(&q, "host").unwrap_or("");
+            let keys = [field(&q, "authorization"), field(&q, "x-api-key"), field(&q, "x-goog-api-key")];
+            for k in keys.into_iter().flatten() {
+                let owner = if k.contains("sk-o-") {
+                    "api.openai.com"
+                } else if k.contains("sk-a-") {
+                    "api.anthropic.com"
+                } else if k.contains("g-stored") {
+                    "generativelanguage.googleapis.com"
+                } else {
+                    "api.x.ai"
+                };
+                assert_eq!(host, owner, "{q:?}");
+            }
+        }
+        // Every provider was reached through the proxy, by its name.
+        let connects = get(cloud.sim.port, "/sim/connects").text();
+        for host in
+            ["api.openai.com:443", "api.anthropic.com:443", "generativelanguage.googleapis.com:443", "api.x.ai:443"]
+        {
+            assert!(connects.contains(host), "{connects}");
+        }
+    });
+}
+
+/// With gateway keys configured, what a caller sends is a gateway key: it never reaches a
+/// provider, and the caller is served with the stored key.
+#[test]
+fn a_gateway_key_never_reaches_a_provider() {
+    both_drivers(|legacy| {
+        let cloud = cloud(&format!("gwkey-{legacy}"));
+        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
+        let gw = start_env(
+            legacy,
+            &["--api-key", "gw-shared-key", "--tenant-api-key", "team:gw-tenant-key", "--log-level", "debug"],
+            &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca)],
+        );
+        let auth = "Authorization: Bearer gw-shared-key";
+        let r = post(gw.port, "/workers", r#"{"url":"https://api.openai.com","api_key":"sk-o-stored"}"#, &[auth]);
+        assert_eq!(r.status, 202, "{}", r.text());
+        let served = || post(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &[auth]).status == 200;
+        assert!(wait_until(Duration::from_secs(20), served), "never served; log:\n{}", gw.log_text());
+        let r = post(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &["Authorization: Bearer gw-tenant-key"]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let all = seen(&cloud);
+        assert!(!all.is_empty());
+        for q in &all {
+            let text = format!("{q:?}");
+            assert!(!text.contains("gw-shared-key") && !text.contains("gw-tenant-key"), "{text}");
+            if field(q, "path") == Some("/v1/chat/completions") {
+                assert_eq!(field(q, "authorization"), Some("Bearer sk-o-stored"), "{text}");
+            }
+        }
+    });
+}
