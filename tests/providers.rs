@@ -121,6 +121,14 @@ fn a_mixed_fleet_routes_each_model_to_its_provider_with_its_key() {
         assert_eq!(r.status, 200, "{}", r.text());
         let last = seen(&cloud).pop().unwrap();
         assert_eq!(field(&last, "authorization"), Some("Bearer sk-o-callers"), "{last:?}");
+        // Engine-only fields are cut out of what a provider is sent (it would refuse them);
+        // the rest goes as written, and a self-hosted worker still gets them.
+        let body =
+            r#"{"model":"gpt-4o","top_k":5,"messages":[{"role":"user","content":"hi"}],"min_p":0.1,"max_tokens":3}"#;
+        let r = post(gw.port, "/v1/chat/completions", body, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let body = r#"{"model":"self-model","top_k":5,"messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#;
+        assert_eq!(post(gw.port, "/v1/chat/completions", body, &[]).status, 200);
         // Keyless /v1/models lists the self-hosted models only.
         let models = get(gw.port, "/v1/models").json();
         let ids: Vec<&str> = models["data"].as_array().unwrap().iter().filter_map(|m| m["id"].as_str()).collect();
@@ -195,5 +203,37 @@ fn a_gateway_key_never_reaches_a_provider() {
                 assert_eq!(field(q, "authorization"), Some("Bearer sk-o-stored"), "{text}");
             }
         }
+    });
+}
+
+/// A provider's refusals go to the caller as it sent them, each asked once: a 429 with its
+/// `Retry-After` (retrying would only spend the key's limit), a 401 in its own shape.
+#[test]
+fn a_providers_refusals_are_relayed_once() {
+    both_drivers(|legacy| {
+        let cloud = cloud(&format!("refusals-{legacy}"));
+        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
+        let gw =
+            start_env(legacy, &["--retry-max-retries", "3"], &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca)]);
+        register(gw.port, r#"{"url":"https://api.openai.com","api_key":"sk-o-stored"}"#);
+        register(gw.port, r#"{"url":"https://api.anthropic.com","api_key":"sk-a-stored"}"#);
+        wait_served(&gw, "gpt-4o");
+        wait_served(&gw, "claude-x");
+        let asked = || seen(&cloud).iter().filter(|q| field(q, "path") == Some("/v1/chat/completions")).count();
+        cloud.sim.control(r#"{"provider_fail":429,"retry_after":7}"#);
+        let before = asked();
+        let r = post(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &[]);
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert_eq!(r.header("retry-after"), Some("7"), "{:?}", r.headers);
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("rate_limit_exceeded"), "{}", r.text());
+        assert_eq!(asked(), before + 1, "a provider's 429 is not retried");
+        cloud.sim.control(r#"{"provider_fail":401}"#);
+        let before = asked();
+        let r = post(gw.port, "/v1/chat/completions", &chat("claude-x"), &[]);
+        assert_eq!(r.status, 401, "{}", r.text());
+        assert_eq!(r.json()["error"]["type"].as_str(), Some("authentication_error"), "{}", r.text());
+        assert_eq!(asked(), before + 1, "a 401 is not retried");
+        cloud.sim.control(r#"{"provider_fail":null}"#);
+        assert_eq!(post(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &[]).status, 200);
     });
 }

@@ -13,6 +13,7 @@
 mod chat;
 mod completions;
 pub mod decisions;
+pub mod engine_fields;
 mod error;
 mod fields;
 pub mod json;

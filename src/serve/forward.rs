@@ -29,6 +29,7 @@ use crate::io::sleep;
 use crate::retry::{self, RetryPolicy};
 use crate::shard::Shard;
 use crate::workers::breaker::Verdict;
+use crate::workers::provider::Provider;
 use crate::workers::WorkerId;
 
 /// What an attempt got: an answer to relay, by protocol.
@@ -125,7 +126,14 @@ pub(super) async fn forward(
                     Err(e) => Some(e),
                 }
             }
-            Ok(Answer::Http(answered)) if retry_status(answered.head.status, ctx.attempts, shard.cfg().retry) => {
+            Ok(Answer::Http(answered))
+                if retry_status(
+                    answered.head.status,
+                    ctx.attempts,
+                    shard.cfg().retry,
+                    picked.worker().meta.provider,
+                ) =>
+            {
                 // Dropping the answer closes its connection: its body is not worth reading.
                 let status = answered.head.status;
                 drop(answered);
@@ -223,9 +231,12 @@ fn after_failure(e: &WorkerError, fresh: bool, attempts: u8, retry: Option<Retry
     }
 }
 
-/// An HTTP answer with this status is dropped and the request retried elsewhere.
-fn retry_status(status: u16, attempts: u8, retry: Option<RetryPolicy>) -> bool {
-    retry::retryable_status(status) && retry.is_some_and(|p| u32::from(attempts) < p.max_attempts)
+/// An HTTP answer with this status is dropped and the request retried elsewhere. A cloud
+/// provider's 429 is its rate limit on this key: asking again (any of its workers holds the
+/// same key) only spends the limit, so it goes to the caller, `Retry-After` and all.
+fn retry_status(status: u16, attempts: u8, retry: Option<RetryPolicy>, provider: Option<Provider>) -> bool {
+    let limited = status == 429 && provider.is_some();
+    retry::retryable_status(status) && !limited && retry.is_some_and(|p| u32::from(attempts) < p.max_attempts)
 }
 
 /// Retries are on and this request used every attempt.
@@ -302,12 +313,15 @@ mod tests {
     #[test]
     fn http_answers_are_retried_on_the_retryable_statuses_while_attempts_last() {
         for s in [408, 429, 502, 503, 504] {
-            assert!(retry_status(s, 1, policy(2)), "{s}");
-            assert!(!retry_status(s, 2, policy(2)), "{s}: attempts used");
-            assert!(!retry_status(s, 1, None), "{s}: retries off");
+            assert!(retry_status(s, 1, policy(2), None), "{s}");
+            assert!(!retry_status(s, 2, policy(2), None), "{s}: attempts used");
+            assert!(!retry_status(s, 1, None, None), "{s}: retries off");
         }
         for s in [200, 400, 404, 500, 501] {
-            assert!(!retry_status(s, 1, policy(5)), "{s}: answered once, as is");
+            assert!(!retry_status(s, 1, policy(5), None), "{s}: answered once, as is");
         }
+        // A provider's rate limit goes to the caller; its 503 is retried as any worker's.
+        assert!(!retry_status(429, 1, policy(5), Some(Provider::OpenAi)));
+        assert!(retry_status(503, 1, policy(5), Some(Provider::Anthropic)));
     }
 }

@@ -232,6 +232,9 @@ pub struct HttpRequest {
     content_type: Option<Range<usize>>,
     decisions: bool,
     systemone: Option<decisions::Translated>,
+    /// For a cloud provider, the body without engine-only fields when it had any
+    /// (`contract/engine_fields.rs`); made when a provider is first picked.
+    for_provider: Option<Option<Body>>,
 }
 
 impl HttpRequest {
@@ -241,6 +244,7 @@ impl HttpRequest {
             content_type: client_content_type(spec, head, buf),
             decisions: spec.schema == Some(crate::contract::Endpoint::Decisions),
             systemone: None,
+            for_provider: None,
         }
     }
 
@@ -276,8 +280,14 @@ impl HttpRequest {
         let worker = picked.worker();
         self.up_head.clear();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);
-        let sent: &mut Body = match self.systemone.as_mut() {
-            Some(t) if translate => &mut t.body,
+        let provider = worker.meta.provider.is_some();
+        if provider && self.for_provider.is_none() {
+            let stripped = crate::contract::engine_fields::without_engine_fields(body.bytes(&client.buf));
+            self.for_provider = Some(stripped.map(Body::Owned));
+        }
+        let sent: &mut Body = match (self.systemone.as_mut(), self.for_provider.as_mut()) {
+            (Some(t), _) if translate => &mut t.body,
+            (_, Some(Some(b))) if provider => b,
             _ => body,
         };
         let bytes = sent.bytes(&client.buf);

@@ -231,10 +231,11 @@ impl Snapshot {
         let any_grpc = workers.iter().any(|w| w.url.grpc);
         let pairs = workers.iter().any(|w| w.meta.role != Role::Regular);
         // A gRPC worker takes token ids the gateway makes from the whole body: streaming one
-        // to it would write HTTP/1.1 to its HTTP/2 port. A pair's legs get fields spliced in.
+        // to it would write HTTP/1.1 to its HTTP/2 port. A pair's legs get fields spliced in;
+        // a provider gets engine-only fields spliced out.
         let body_needed = if by_model.len() > 1 {
             Some("model_ambiguous")
-        } else if any_grpc || pairs || workers.iter().any(|w| w.meta.dp_rank.is_some()) {
+        } else if any_grpc || pairs || workers.iter().any(|w| w.meta.dp_rank.is_some() || w.meta.provider.is_some()) {
             Some("worker_mutates_body")
         } else {
             None

@@ -7,7 +7,9 @@
 //!   `Authorization: Bearer`; Anthropic `x-api-key`; Gemini `x-goog-api-key`), else 401 in the
 //!   provider's error shape.
 //! - `GET /v1/models` lists that key's models (Anthropic's list shape for Anthropic).
-//! - An inference request for a model the key does not list: 404 in the provider's shape.
+//! - An inference request for a model the key does not list: 404 in the provider's shape;
+//!   one with a self-hosted engine's field (`top_k`, `min_p`, …): 400, as OpenAI refuses an
+//!   argument it does not know.
 //! - `/sim/control {"provider_fail": 401|429, "retry_after": N}`: every provider request is
 //!   answered that way (429 with `Retry-After: N`); `{"provider_fail": null}` ends it.
 //!
@@ -90,21 +92,36 @@ impl Provider {
             }
             Self::OpenAi | Self::Xai => {
                 let code = match status {
-                    401 => "invalid_api_key",
-                    404 => "model_not_found",
-                    429 => "rate_limit_exceeded",
-                    _ => "server_error",
+                    400 => "null",
+                    401 => "\"invalid_api_key\"",
+                    404 => "\"model_not_found\"",
+                    429 => "\"rate_limit_exceeded\"",
+                    _ => "\"server_error\"",
                 };
                 b.extend_from_slice(b"{\"error\":{\"message\":");
                 put_json_str(&mut b, message);
                 b.extend_from_slice(
-                    format!(",\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"{code}\"}}}}").as_bytes(),
+                    format!(",\"type\":\"invalid_request_error\",\"param\":null,\"code\":{code}}}}}").as_bytes(),
                 );
             }
         }
         b
     }
 }
+
+/// Self-hosted engines' request fields a provider refuses (a sample of SGLang's).
+const ENGINE_ONLY: [&str; 10] = [
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "regex",
+    "ebnf",
+    "ignore_eos",
+    "stop_token_ids",
+    "lora_path",
+    "chat_template_kwargs",
+];
 
 #[derive(Debug, Clone)]
 pub struct KeyInfo {
@@ -198,6 +215,10 @@ pub fn answer<'h>(
             true
         }
         Ask::Infer(body) => {
+            // As OpenAI does, a field the API does not know is refused (SGLang's extensions).
+            if let Some(f) = ENGINE_ONLY.iter().find(|f| sonic_rs::get(body, [**f]).is_ok()) {
+                return reply(out, 400, &format!("Unrecognized request argument supplied: {f}"), b"");
+            }
             let model = sonic_rs::get(body, &["model"]).ok().and_then(|m| m.as_str().map(str::to_string));
             match model {
                 Some(m) if info.models.contains(&m) => false,
