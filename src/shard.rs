@@ -593,6 +593,11 @@ impl Shard {
         let _ = self.control.send(ControlMsg::Report { shard: self.index, outcomes, loads });
     }
 
+    /// A message for the control thread that carries its own reply channel.
+    pub fn tell_control(&self, m: ControlMsg) {
+        let _ = self.control.send(m);
+    }
+
     /// An admin request for the control thread; the answer comes back on the channel.
     pub fn ask_control(
         &self,

@@ -19,6 +19,8 @@ const KEYS: &str = r#"{
   "sk-o-stored": {"provider": "openai", "models": ["gpt-4o", "gpt-4o-mini"]},
   "sk-o-callers": {"provider": "openai", "models": ["gpt-4o"]},
   "sk-a-stored": {"provider": "anthropic", "models": ["claude-x"]},
+  "sk-a-callers": {"provider": "anthropic", "models": ["claude-x"]},
+  "g-callers": {"provider": "gemini", "models": ["gemini-x"]},
   "g-stored": {"provider": "gemini", "models": ["gemini-x"]},
   "xai-stored": {"provider": "xai", "models": ["grok-x"]}
 }"#;
@@ -72,6 +74,20 @@ fn wait_served(gw: &Gateway, model: &str) {
 /// Every request the stand-in saw, as `/sim/requests` lists them.
 fn seen(cloud: &Cloud) -> Vec<sonic_rs::Value> {
     get(cloud.sim.port, "/sim/requests").json().as_array().unwrap().iter().cloned().collect()
+}
+
+/// GET with header lines.
+fn get_with(port: u16, path: &str, headers: &[&str]) -> Response {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(patience(Duration::from_secs(15)))).unwrap();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    std::io::Write::write_all(&mut s, req.as_bytes()).unwrap();
+    read_response(&mut s, &mut Vec::new(), false).unwrap()
 }
 
 fn field<'a>(r: &'a sonic_rs::Value, name: &str) -> Option<&'a str> {
@@ -133,6 +149,25 @@ fn a_mixed_fleet_routes_each_model_to_its_provider_with_its_key() {
         let models = get(gw.port, "/v1/models").json();
         let ids: Vec<&str> = models["data"].as_array().unwrap().iter().filter_map(|m| m["id"].as_str()).collect();
         assert_eq!(ids, ["self-model"], "{models:?}");
+        // With the caller's own key: that key's inventory at the first provider that takes
+        // it, owned_by the provider; a key every provider refuses gets the self-hosted list.
+        let listed = |auth: &str| {
+            let r = get_with(gw.port, "/v1/models", &[auth]);
+            assert_eq!(r.status, 200, "{}", r.text());
+            let v = r.json();
+            let rows: Vec<(String, String)> = v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| (m["id"].as_str().unwrap().to_string(), m["owned_by"].as_str().unwrap().to_string()))
+                .collect();
+            rows
+        };
+        let pair = |id: &str, by: &str| (id.to_string(), by.to_string());
+        assert_eq!(listed("Authorization: Bearer sk-o-callers"), [pair("gpt-4o", "openai")]);
+        assert_eq!(listed("Authorization: Bearer sk-a-callers"), [pair("claude-x", "anthropic")]);
+        assert_eq!(listed("x-goog-api-key: g-callers"), [pair("gemini-x", "gemini")]);
+        assert_eq!(listed("Authorization: Bearer nobodys-key"), [pair("self-model", "self_hosted")]);
         // An unknown model is 404 model_not_found, and nothing is sent anywhere.
         let before = seen(&cloud).len();
         let r = post(gw.port, "/v1/chat/completions", &chat("gpt-9"), &[]);
@@ -144,15 +179,17 @@ fn a_mixed_fleet_routes_each_model_to_its_provider_with_its_key() {
         for p in ["openai", "anthropic", "gemini", "xai"] {
             assert!(listed.contains(&format!(r#""provider":"{p}""#)), "{listed}");
         }
-        for key in ["sk-o-stored", "sk-a-stored", "g-stored", "xai-stored", "sk-o-callers"] {
+        for key in ["sk-o-stored", "sk-a-stored", "g-stored", "xai-stored", "sk-o-callers", "sk-a-callers", "g-callers"]
+        {
             assert!(!listed.contains(key), "GET /workers shows {key}");
             assert!(!gw.log_text().contains(key), "the log shows {key}");
         }
-        // No stored key ever reached another provider.
+        // No stored key ever reached another provider (a caller's own key is tried at each
+        // provider for its model list, as the contract says).
         for q in seen(&cloud) {
             let host = field(&q, "host").unwrap_or("");
             let keys = [field(&q, "authorization"), field(&q, "x-api-key"), field(&q, "x-goog-api-key")];
-            for k in keys.into_iter().flatten() {
+            for k in keys.into_iter().flatten().filter(|k| k.contains("stored")) {
                 let owner = if k.contains("sk-o-") {
                     "api.openai.com"
                 } else if k.contains("sk-a-") {
@@ -194,6 +231,8 @@ fn a_gateway_key_never_reaches_a_provider() {
         assert!(wait_until(Duration::from_secs(20), served), "never served; log:\n{}", gw.log_text());
         let r = post(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &["Authorization: Bearer gw-tenant-key"]);
         assert_eq!(r.status, 200, "{}", r.text());
+        // A gateway key on /v1/models is not a provider key: the self-hosted list (none here).
+        assert_eq!(get_with(gw.port, "/v1/models", &[auth]).status, 503);
         let all = seen(&cloud);
         assert!(!all.is_empty());
         for q in &all {

@@ -149,6 +149,14 @@ impl AuthConfig {
         }
     }
 
+    /// `key` is one of the gateway's own (a serving or a control-plane key): it never goes to
+    /// a provider, whatever header it came in.
+    pub fn is_gateway_key(&self, key: &[u8]) -> bool {
+        let h = hash(key);
+        self.serving.get_key_value(&h).is_some_and(|(k, _)| ct_eq(k, &h))
+            || self.control.get_key_value(&h).is_some_and(|(k, _)| ct_eq(k, &h))
+    }
+
     /// The header `--trust-tenant-header` reads, if on.
     pub fn tenant_header(&self) -> Option<&str> {
         self.tenant_header.as_deref()

@@ -38,6 +38,7 @@ mod grpc;
 mod inspect;
 mod isolate;
 mod merged;
+mod models;
 mod pair;
 mod pair_admit;
 mod pick;
@@ -59,7 +60,7 @@ use crate::admission::auth::{unauthenticated_tenant, Tenant, Verdict};
 use crate::admission::permits::{Admit, Permits};
 use crate::admission::priority::{Admission, Class, Scheduler};
 use crate::admission::Permit;
-use crate::api::{self, Action, ApiError, Route};
+use crate::api::{self, Action, ApiError, Local, Route};
 use crate::http::body::{read_body, Body, BodyError, BodyLimits};
 use crate::http::head::{parse_request, ParseError, RequestHead};
 use crate::io::{nodelay, read_more_within, send_deadline, Timed};
@@ -139,6 +140,9 @@ async fn request(
             Ok(()) => return realtime::session(shard, client, head, ctx).await,
             Err(o) => return o,
         },
+        Action::Local(Local::Models) if shard.snapshot().providers => {
+            return models::list(shard, head, &client.buf).await
+        }
         Action::Local(l) => return Outcome::Local(l),
         Action::Control => return control::ask(shard, client, head, ctx).await,
         Action::AdminNotImplemented => return reject(ApiError::admin_not_implemented(&path(client, head))),

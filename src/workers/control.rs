@@ -27,6 +27,9 @@ pub enum ControlMsg {
     Admin { req: AdminRequest, reply: flume::Sender<AdminReply> },
     /// The metrics listener wants the fleet's figures.
     Stats(flume::Sender<FleetStats>),
+    /// `GET /v1/models` with a caller's own key: the registered providers' lists for that
+    /// key, the first that is not empty (`provider_models`).
+    ProviderModels { key: crate::secret::Secret, reply: flume::Sender<Option<Vec<u8>>> },
 }
 
 /// Tasks of the loop → the loop.
@@ -110,6 +113,13 @@ fn on_message(fleet: &mut Fleet, m: ControlMsg, done: &flume::Sender<Done>) -> b
         }
         ControlMsg::Stats(reply) => {
             let _ = reply.try_send(fleet.stats());
+            false
+        }
+        ControlMsg::ProviderModels { key, reply } => {
+            let (providers, timeout) = (fleet.providers(), fleet.cfg.health_timeout);
+            spawn_caught("provider models".into(), provider_models(providers, key, timeout), None, move |r| {
+                let _ = reply.try_send(r);
+            });
             false
         }
         ControlMsg::Admin { req, reply } => {
@@ -227,6 +237,25 @@ fn spawn_caught<T: Send + 'static>(
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default()
+}
+
+/// A caller's own key's models: each provider asked in turn (in registration order), the
+/// first non-empty list rendered as `GET /v1/models` answers, `owned_by` the provider. None
+/// when every provider refuses the key or lists nothing: the caller gets the keyless list.
+async fn provider_models(
+    providers: Vec<(WorkerUrl, super::provider::Provider)>,
+    key: crate::secret::Secret,
+    timeout: Duration,
+) -> Option<Vec<u8>> {
+    for (url, p) in providers {
+        let _place = super::sockets::place().await;
+        match probe::provider_models(&url, p, key.expose().as_bytes(), timeout).await {
+            Ok(ids) if !ids.is_empty() => return Some(super::snapshot::render_models(&ids, p.name())),
+            Ok(_) => {}
+            Err(e) => crate::debug!("caller's key at {}: {e}", url.url),
+        }
+    }
+    None
 }
 
 /// One health check: the endpoint (unless checks are off), then discovery until it has

@@ -268,6 +268,17 @@ impl Fleet {
         }
     }
 
+    /// Each registered provider once (by base URL), in registration order.
+    pub fn providers(&self) -> Vec<(WorkerUrl, super::provider::Provider)> {
+        let mut out: Vec<(WorkerUrl, super::provider::Provider)> = Vec::new();
+        for e in self.entries.iter().filter(|e| e.draining_since.is_none()) {
+            if let Some(p) = e.provider().filter(|_| !out.iter().any(|(u, _)| u.url == e.base.url)) {
+                out.push((e.base.clone(), p));
+            }
+        }
+        out
+    }
+
     /// The egress thread's loopback port for a TLS origin; the thread starts with the first.
     fn egress_port(&mut self, origin: &crate::egress::Origin) -> Result<SocketAddr, String> {
         if self.egress.is_none() {

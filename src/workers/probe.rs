@@ -187,8 +187,7 @@ pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery
     })
 }
 
-/// A cloud provider's discovery: its `/v1/models` asked with the stored key in the
-/// provider's style (OpenAI's list shape; Anthropic's has the same `data[].id`). None
+/// A cloud provider's discovery: its models ([`provider_models`]) with the stored key. None
 /// without a key (nothing to ask with: the worker serves once a model is given), or when
 /// the provider refuses or lists nothing.
 pub async fn provider_discover(
@@ -197,22 +196,14 @@ pub async fn provider_discover(
     key: Option<&str>,
     timeout: Duration,
 ) -> Option<Discovery> {
-    let mut auth = Vec::new();
-    provider.write_key(&mut auth, key?.as_bytes(), false);
-    let r = match tokio::time::timeout(timeout, exchange(worker, "GET", "/v1/models", None, &auth)).await {
-        Ok(Ok(r)) if (200..300).contains(&r.status) => r,
-        Ok(Ok(r)) => {
-            crate::warn!("worker {}: {} answered /v1/models with {}", worker.url, provider.name(), r.status);
-            return None;
-        }
-        Ok(Err(e)) => {
+    let ids = match provider_models(worker, provider, key?.as_bytes(), timeout).await {
+        Ok(ids) => ids,
+        Err(e) => {
             crate::warn!("worker {}: /v1/models: {e}", worker.url);
             return None;
         }
-        Err(_) => return None,
     };
-    let v = crate::bounded_json::value(&r.body).ok()?;
-    let mut ids = v["data"].as_array()?.iter().filter_map(|m| m["id"].as_str()).map(str::to_string);
+    let mut ids = ids.into_iter();
     let model = ids.next()?;
     Some(Discovery {
         model,
@@ -222,6 +213,29 @@ pub async fn provider_discover(
         grpc: None,
         more_models: ids.collect(),
     })
+}
+
+/// The model ids a provider lists for `key` (asked in the provider's key style; OpenAI's list
+/// shape, and Anthropic's, have the same `data[].id`), or why not.
+pub async fn provider_models(
+    worker: &WorkerUrl,
+    provider: Provider,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    let mut auth = Vec::new();
+    provider.write_key(&mut auth, key, false);
+    let r = match tokio::time::timeout(timeout, exchange(worker, "GET", "/v1/models", None, &auth)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(format!("no answer within {timeout:?}")),
+    };
+    if !(200..300).contains(&r.status) {
+        return Err(format!("{} answered {}", provider.name(), r.status));
+    }
+    let v = crate::bounded_json::value(&r.body).map_err(|e| format!("{}: {e}", provider.name()))?;
+    let list = v["data"].as_array().ok_or_else(|| format!("{}: no data list", provider.name()))?;
+    Ok(list.iter().filter_map(|m| m["id"].as_str()).map(str::to_string).collect())
 }
 
 #[cfg(test)]

@@ -164,6 +164,8 @@ pub struct Snapshot {
     /// Some worker is `grpc://`: only then does a request look for a gRPC model to
     /// tokenize with before routing (the HTTP path pays one bool test).
     pub any_grpc: bool,
+    /// Some worker is a cloud provider: a caller's own key may list its models.
+    pub providers: bool,
 }
 
 /// A model's workers as routing sees them. Overloaded workers are left out while any
@@ -208,7 +210,8 @@ impl Snapshot {
         // A prefill worker serves no request alone: it neither lists a model nor is a candidate.
         let serving = |p: usize| workers[p].healthy && !workers[p].meta.role.is_prefill();
         let listed: Vec<&str> = models.into_iter().filter(|m| by_model[*m].iter().any(|&p| serving(p))).collect();
-        let models_body = (!listed.is_empty()).then(|| render_models(&listed));
+        let models_body = (!listed.is_empty()).then(|| render_models(&listed, "self_hosted"));
+        let providers = workers.iter().any(|w| w.meta.provider.is_some());
         let routable = |ids: &[usize]| -> Routable {
             let up: Vec<usize> = ids.iter().copied().filter(|&p| serving(p)).collect();
             let cool: Vec<usize> = up.iter().copied().filter(|&p| !workers[p].overloaded).collect();
@@ -251,6 +254,7 @@ impl Snapshot {
             body_needed,
             only_model,
             any_grpc,
+            providers,
         }
     }
 
@@ -286,15 +290,19 @@ impl Snapshot {
     }
 }
 
-fn render_models(models: &[&str]) -> Vec<u8> {
+/// A `GET /v1/models` answer listing `models`, each `owned_by` `owner` (`self_hosted`, or a
+/// provider's name).
+pub fn render_models<S: AsRef<str>>(models: &[S], owner: &str) -> Vec<u8> {
     let mut out = b"{\"object\":\"list\",\"data\":[".to_vec();
     for (i, m) in models.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         out.extend_from_slice(b"{\"id\":");
-        smg_wire::json::put_str(&mut out, m);
-        out.extend_from_slice(b",\"object\":\"model\",\"created\":0,\"owned_by\":\"self_hosted\"}");
+        smg_wire::json::put_str(&mut out, m.as_ref());
+        out.extend_from_slice(b",\"object\":\"model\",\"created\":0,\"owned_by\":");
+        smg_wire::json::put_str(&mut out, owner);
+        out.push(b'}');
     }
     out.extend_from_slice(b"]}");
     out
