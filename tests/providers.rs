@@ -276,3 +276,56 @@ fn a_providers_refusals_are_relayed_once() {
         assert_eq!(post(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &[]).status, 200);
     });
 }
+
+/// SMG's `--backend anthropic`: the worker URLs are Anthropic's API, keyed from
+/// ANTHROPIC_API_KEY. `/v1/messages` passes the caller's `x-api-key`, `anthropic-version` and
+/// `anthropic-beta` as sent, streams the event sequence whole, and keeps Anthropic's errors.
+#[test]
+fn backend_anthropic_serves_messages_as_anthropic_does() {
+    both_drivers(|legacy| {
+        let cloud = cloud(&format!("anthropic-{legacy}"));
+        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
+        let gw = start_env(
+            legacy,
+            &["--backend", "anthropic", "--worker-urls", "https://api.anthropic.com"],
+            &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca), ("ANTHROPIC_API_KEY", "sk-a-stored")],
+        );
+        gw.ready_workers(1);
+        let body = |stream: bool| {
+            format!(
+                r#"{{"model":"claude-x","max_tokens":4,"stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+            )
+        };
+        // The stored key, as x-api-key with a default anthropic-version.
+        let r = post(gw.port, "/v1/messages", &body(false), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["type"].as_str(), Some("message"), "{}", r.text());
+        let last = seen(&cloud).pop().unwrap();
+        assert_eq!(
+            (field(&last, "x-api-key"), field(&last, "anthropic-version")),
+            (Some("sk-a-stored"), Some("2023-06-01"))
+        );
+        // The caller's own headers, as sent; the stream's events in order.
+        let own = ["x-api-key: sk-a-callers", "anthropic-version: 2024-01-01", "anthropic-beta: tools-2024"];
+        let r = post(gw.port, "/v1/messages", &body(true), &own);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let last = seen(&cloud).pop().unwrap();
+        assert_eq!(field(&last, "x-api-key"), Some("sk-a-callers"), "{last:?}");
+        assert_eq!(field(&last, "anthropic-version"), Some("2024-01-01"), "{last:?}");
+        assert_eq!(field(&last, "anthropic-beta"), Some("tools-2024"), "{last:?}");
+        let text = r.text();
+        let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+        let mut want = vec!["message_start", "content_block_start", "ping"];
+        want.extend(std::iter::repeat_n("content_block_delta", events.len().saturating_sub(6)));
+        want.extend(["content_block_stop", "message_delta", "message_stop"]);
+        assert_eq!(events, want, "{text}");
+        assert!(events.len() > 6, "no text deltas: {text}");
+        // A key Anthropic refuses: its 401, in its shape, asked once.
+        let r = post(gw.port, "/v1/messages", &body(false), &["x-api-key: not-a-key"]);
+        assert_eq!(r.status, 401, "{}", r.text());
+        let v = r.json();
+        assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("authentication_error")));
+        // The key from the environment is never in the log or the workers list.
+        assert!(!gw.log_text().contains("sk-a-stored") && !get(gw.port, "/workers").text().contains("sk-a-stored"));
+    });
+}

@@ -54,9 +54,16 @@ pub struct DemoArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct LaunchArgs {
-    /// Worker base URLs (http://host:port), probed with GET /health and GET /v1/models.
+    /// Worker base URLs (http://host:port, grpc://host:port, or a cloud provider's
+    /// https://host), probed with GET /health and GET /v1/models.
     #[arg(long, num_args = 1.., value_name = "URL")]
     pub worker_urls: Vec<String>,
+    /// What the workers are (SMG's flag). `openai` or `anthropic`: every --worker-urls entry
+    /// is that cloud provider's API, its key taken from OPENAI_API_KEY or ANTHROPIC_API_KEY
+    /// (never from --api-key: a gateway key is not sent to a provider). The others name
+    /// self-hosted engines, found by discovery on HTTP workers.
+    #[arg(long, default_value = "sglang", value_parser = ["sglang", "openai", "anthropic", "vllm", "tokenspeed"])]
+    pub backend: String,
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub host: String,
@@ -464,9 +471,15 @@ impl LaunchArgs {
 
     pub fn into_config(self, host: Host) -> Result<Config, String> {
         let mut workers = Vec::with_capacity(self.worker_urls.len());
+        let provider = crate::workers::provider::Provider::parse(&self.backend);
         for u in &self.worker_urls {
             WorkerUrl::parse(u).map_err(|e| format!("--worker-urls: {e}"))?;
-            workers.push(WorkerSpec::from_url(u));
+            let mut spec = WorkerSpec::from_url(u);
+            if let Some(p) = provider {
+                spec.provider = Some(p);
+                spec.api_key = p.key_from_env().map(crate::secret::Secret::new);
+            }
+            workers.push(spec);
         }
         workers.extend(self.pd.workers()?);
         for v in &self.kv_events {

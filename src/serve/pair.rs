@@ -200,7 +200,7 @@ async fn send(
         span,
         &worker.meta,
         None,
-        shard.cfg().auth.serving_enabled(),
+        &shard.cfg().auth,
     );
     let mut conn = open_to(shard, worker, fresh).await?;
     let n = body.len();

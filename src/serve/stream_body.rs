@@ -169,7 +169,7 @@ pub(super) async fn stream(
         let worker = picked.worker();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);
         let ct = upload.content_type.as_ref();
-        let keys = shard.cfg().auth.serving_enabled();
+        let keys = &shard.cfg().auth;
         upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, &[], len, span, &worker.meta, ct, keys);
     }
     let id = picked.worker().id;

@@ -12,6 +12,7 @@ use super::ctx::{Picked, RequestCtx};
 use super::decisions;
 use super::error::{Failure, InternalError, WorkerCause, WorkerError};
 use super::finish::{announce_close, Outcome};
+use crate::admission::auth::AuthConfig;
 use crate::api::{realtime, transcriptions, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -66,7 +67,7 @@ pub fn upstream_head(
     span: Option<&SpanIds>,
     meta: &WorkerMeta,
     content_type: Option<&Range<usize>>,
-    gateway_keys: bool,
+    auth: &AuthConfig,
 ) -> usize {
     let mut splice = [0u8; 48];
     let (skip, insert) = match meta.dp_rank.and_then(|r| rank_splice(body, r, &mut splice)) {
@@ -101,7 +102,7 @@ pub fn upstream_head(
             }
         }
         Some(p) => {
-            if let Some(k) = provider_key(head, buf, meta, gateway_keys) {
+            if let Some(k) = provider_key(head, buf, meta, auth) {
                 p.write_key(out, k, head.header(buf, "anthropic-version").is_some());
             }
         }
@@ -117,20 +118,25 @@ pub fn upstream_head(
     skip
 }
 
-/// The one key a cloud provider gets. The caller's own wins: their `Authorization: Bearer`
-/// (on `/v1/responses` their `x-api-key` or `x-goog-api-key` first, as the contract says),
-/// unless the gateway checks keys (`--api-key`, `--tenant-api-key`), when what the caller sent
-/// is a gateway key, which never reaches a provider. Otherwise the key stored with the worker,
-/// which goes to no other worker. None: the request goes without a key (the provider answers 401).
-fn provider_key<'a>(head: &RequestHead, buf: &'a [u8], meta: &'a WorkerMeta, gateway_keys: bool) -> Option<&'a [u8]> {
+/// The one key a cloud provider gets. The caller's own wins: the provider's native header
+/// where the contract has it read (`x-api-key` on `/v1/messages`; `x-api-key`, then
+/// `x-goog-api-key`, on `/v1/responses` and `/v1/interactions`), else their `Authorization:
+/// Bearer` when the gateway checks no keys (when it does, that header carries a gateway key).
+/// A gateway key never goes, whatever header it came in. Otherwise the key stored with the
+/// worker, which goes to no other worker. None: no key is sent (the provider answers 401).
+fn provider_key<'a>(head: &RequestHead, buf: &'a [u8], meta: &'a WorkerMeta, auth: &AuthConfig) -> Option<&'a [u8]> {
     let own = |name: &str| head.header(buf, name).map(|v| v.trim_ascii()).filter(|v| !v.is_empty());
-    let caller = if gateway_keys {
-        None
-    } else {
-        let responses = &buf[head.path.clone()] == b"/v1/responses";
-        let native = if responses { own("x-api-key").or_else(|| own("x-goog-api-key")) } else { None };
-        native.or_else(|| own("authorization").map(crate::workers::provider::bearer).filter(|k| !k.is_empty()))
+    let native: &[&str] = match &buf[head.path.clone()] {
+        b"/v1/responses" | b"/v1/interactions" => &["x-api-key", "x-goog-api-key"],
+        b"/v1/messages" => &["x-api-key"],
+        _ => &[],
     };
+    let bearer = || own("authorization").map(crate::workers::provider::bearer).filter(|k| !k.is_empty());
+    let caller = native
+        .iter()
+        .find_map(|n| own(n))
+        .or_else(|| if auth.serving_enabled() { None } else { bearer() })
+        .filter(|k| !auth.is_gateway_key(k));
     caller.or_else(|| meta.api_key.as_ref().map(|k| k.expose().as_bytes()))
 }
 
@@ -292,7 +298,7 @@ impl HttpRequest {
         };
         let bytes = sent.bytes(&client.buf);
         let (authority, ct) = (&worker.url.authority, self.content_type.as_ref());
-        let keys = shard.cfg().auth.serving_enabled();
+        let keys = &shard.cfg().auth;
         let skip = upstream_head(
             &mut self.up_head,
             head,

@@ -45,6 +45,17 @@ impl Provider {
         }
     }
 
+    /// The key in this process's environment, by the variable the provider's own SDKs read.
+    pub fn key_from_env(self) -> Option<String> {
+        let var = match self {
+            Provider::OpenAi => "OPENAI_API_KEY",
+            Provider::Anthropic => "ANTHROPIC_API_KEY",
+            Provider::Gemini => "GEMINI_API_KEY",
+            Provider::Xai => "XAI_API_KEY",
+        };
+        std::env::var(var).ok().filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic()))
+    }
+
     /// The name in `owned_by` and in `GET /workers`.
     pub fn name(self) -> &'static str {
         match self {
