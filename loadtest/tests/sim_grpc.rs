@@ -325,17 +325,24 @@ fn generate_through_a_real_llama_cpp_model() {
     let llama = start_llama(&server, &model);
     let url = format!("http://127.0.0.1:{}", llama.port);
     let prompt = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n";
-    let tok = http(llama.port, "POST", "/tokenize", &format!(r#"{{"content":{prompt:?},"add_special":false}}"#)).json();
+    // llama-server answers these in well under a second on an idle box; a run that shares two
+    // cores with a release build has taken over 10 s. A server that never answers is the wrong
+    // behaviour the bound catches.
+    let slow = Duration::from_secs(60);
+    let tok =
+        http_within(llama.port, "POST", "/tokenize", &format!(r#"{{"content":{prompt:?},"add_special":false}}"#), slow)
+            .json();
     let ids: Vec<u32> = tok["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
     // llama-server itself, greedy, with the same ids.
     let ids_json = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-    let own = http(
+    let own = http_within(
         llama.port,
         "POST",
         "/completion",
         &format!(
             r#"{{"prompt":[{ids_json}],"n_predict":24,"temperature":0,"return_tokens":true,"cache_prompt":false}}"#
         ),
+        slow,
     )
     .json();
     let mut want: Vec<u32> = own["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();

@@ -176,8 +176,19 @@ pub(crate) fn spawn_nginx(
 
 /// nginx as a reverse proxy to the workers; `access_log`: with its own buffered access log
 /// (the `combined` format, 64 KB buffer), the fair match for a gateway whose access log is on.
-fn nginx_conf(dir: &Path, port: u16, upstreams: &[u16], access_log: bool) -> String {
+/// `tls_ca`: the upstreams speak TLS with a certificate that CA signed (for `localhost`).
+fn nginx_conf(dir: &Path, port: u16, upstreams: &[u16], access_log: bool, tls_ca: Option<&Path>) -> String {
     let servers: String = upstreams.iter().map(|p| format!("    server 127.0.0.1:{p};\n")).collect();
+    let (scheme, tls) = match tls_ca {
+        Some(ca) => (
+            "https",
+            format!(
+                "      proxy_ssl_trusted_certificate {};\n      proxy_ssl_verify on;\n      proxy_ssl_name localhost;\n      proxy_ssl_server_name on;\n      proxy_ssl_session_reuse on;\n",
+                ca.display()
+            ),
+        ),
+        None => ("http", String::new()),
+    };
     let d = dir.display();
     let log = if access_log {
         format!("access_log {d}/access.log combined buffer=64k flush=1s;")
@@ -189,7 +200,7 @@ fn nginx_conf(dir: &Path, port: u16, upstreams: &[u16], access_log: bool) -> Str
 events {{ worker_connections 8192; }}\n\
 http {{\n  {log}\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  client_max_body_size 64m;\n  client_body_buffer_size 1m;\n  keepalive_requests 1000000;\n\
   upstream sim {{\n{servers}    keepalive 64;\n  }}\n\
-  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://sim;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
+  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass {scheme}://sim;\n{tls}      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
     )
 }
 
@@ -208,6 +219,9 @@ pub(crate) fn start_target(
             let bin = t.bin.as_ref().ok_or("no binary")?;
             let mut cmd = pinned(args.sut_core, bin);
             cmd.arg("launch").args(fleet.gateway_args(scheme));
+            if let Some(tls) = fleet.tls() {
+                cmd.env("SSL_CERT_FILE", &tls.ca);
+            }
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
             if t.kind == Kind::SmgPython {
                 // Its metrics listener defaults to 0.0.0.0:29000, which another gateway on the
@@ -229,8 +243,10 @@ pub(crate) fn start_target(
         Kind::Nginx => {
             let bin = t.bin.as_ref().ok_or("no binary")?;
             let upstreams = fleet.whole_ports().ok_or("nginx: no whole-request workers to proxy")?;
+            let tls = fleet.tls();
+            let upstreams = tls.map_or(upstreams, |t| &t.ports);
             let (child, dir) = spawn_nginx(args.sut_core, bin, "nginx", |dir| {
-                nginx_conf(dir, port, upstreams, t.name == "nginx-log")
+                nginx_conf(dir, port, upstreams, t.name == "nginx-log", tls.map(|t| t.ca.as_path()))
             })?;
             (child, Some(dir))
         }
@@ -504,10 +520,16 @@ mod tests {
 
     #[test]
     fn nginx_conf_has_the_essentials() {
-        assert!(nginx_conf(Path::new("/tmp/x"), 8080, &[1], false).contains("access_log off;"));
-        assert!(nginx_conf(Path::new("/tmp/x"), 8080, &[1], true)
+        assert!(nginx_conf(Path::new("/tmp/x"), 8080, &[1], false, None).contains("access_log off;"));
+        assert!(nginx_conf(Path::new("/tmp/x"), 8080, &[1], true, None)
             .contains("access_log /tmp/x/access.log combined buffer=64k flush=1s;"));
-        let c = nginx_conf(Path::new("/tmp/x"), 8080, &[1, 2], false);
+        let tls = nginx_conf(Path::new("/tmp/x"), 8080, &[1], false, Some(Path::new("/tmp/x/ca.pem")));
+        for needle in
+            ["proxy_pass https://sim;", "proxy_ssl_trusted_certificate /tmp/x/ca.pem;", "proxy_ssl_verify on;"]
+        {
+            assert!(tls.contains(needle), "{needle}: {tls}");
+        }
+        let c = nginx_conf(Path::new("/tmp/x"), 8080, &[1, 2], false, None);
         for needle in [
             "worker_processes 1;",
             "daemon off;",

@@ -8,7 +8,12 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::load::pd_fleet::{self, PdRuntime, PdWorkers};
-use crate::load::procs::{listening_port, pinned, sim_bin, spawn_sim_lines, Proc};
+use crate::load::procs::{listening_port, pinned, sim_bin, spawn_sim_lines, Proc, TempDir};
+
+/// The port of a `listening` line's `tls=HOST:PORT` (smg-sim --tls-dir).
+fn tls_port(line: &str) -> Option<u16> {
+    line.split_whitespace().find_map(|f| f.strip_prefix("tls="))?.rsplit(':').next()?.parse().ok()
+}
 
 /// What the simulated workers are (flattened into the targets' flags).
 #[derive(Args, Debug, Clone)]
@@ -41,6 +46,12 @@ pub struct FleetArgs {
     /// With --pd: the engine whose PD protocol the pairs speak [default: sglang].
     #[arg(long, value_enum, requires = "pd")]
     pub pd_runtime: Option<PdRuntime>,
+    /// TLS upstreams, as a cloud provider is reached: every simulator also serves HTTPS
+    /// (`smg-sim --tls-dir`, a CA of its own), and the proxy targets are sent there over TLS
+    /// (nginx: `proxy_pass https://` trusting the CA, with upstream keep-alive; the gateways:
+    /// `https://` worker URLs with SSL_CERT_FILE). `direct` stays plain.
+    #[arg(long, conflicts_with_all = ["grpc", "pd"])]
+    pub tls: bool,
 }
 
 /// Started simulators (stopped when this drops) and the workers they serve.
@@ -49,6 +60,14 @@ pub(crate) struct Fleet {
     workers: Workers,
     /// What the report's header says the workers are.
     label: String,
+    /// With --tls: each worker's HTTPS port, in `workers`' order, and the CA that signed them.
+    tls: Option<Tls>,
+}
+
+pub(crate) struct Tls {
+    pub(crate) ports: Vec<u16>,
+    pub(crate) ca: PathBuf,
+    _dir: TempDir,
 }
 
 enum Workers {
@@ -68,6 +87,7 @@ impl Fleet {
         request_timeout: Duration,
     ) -> Result<Fleet, String> {
         let bin = sim_bin(args.sim_bin.as_deref())?;
+        let tls_dir = if args.tls { Some(TempDir::new("tls").map_err(|e| format!("--tls: {e}"))?) } else { None };
         // One smg-sim per role (a process's workers share --pd-role), each with the same
         // workers: `--worker 0:MODEL[:RUNTIME]` per worker, on free ports.
         let sim = |role_flags: &[String]| -> Result<(Proc, Vec<String>), String> {
@@ -86,6 +106,9 @@ impl Fleet {
                 cmd.arg("--grpc");
             }
             cmd.args(role_flags);
+            if let Some(d) = &tls_dir {
+                cmd.arg("--tls-dir").arg(&d.0);
+            }
             cmd.args(args.sim_args.split_whitespace());
             spawn_sim_lines(cmd, &bin)
         };
@@ -94,8 +117,19 @@ impl Fleet {
         };
         if !args.pd {
             let (p, lines) = sim(&[])?;
-            let label = format!("{} per model", args.sim_workers.max(1));
-            return Ok(Fleet { _sims: vec![p], workers: Workers::Whole(ports(&lines)?), label });
+            let mut label = format!("{} per model", args.sim_workers.max(1));
+            let tls = match tls_dir {
+                Some(dir) => {
+                    label.push_str(", over TLS");
+                    let ports = lines
+                        .iter()
+                        .map(|l| tls_port(l).ok_or_else(|| format!("sim line without tls=: {l:?}")))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Some(Tls { ports, ca: dir.0.join("ca.pem"), _dir: dir })
+                }
+                None => None,
+            };
+            return Ok(Fleet { _sims: vec![p], workers: Workers::Whole(ports(&lines)?), label, tls });
         }
         let (prefill_sim, lines) = sim(&pd_fleet::prefill_flags().map(String::from))?;
         let bootstraps = lines
@@ -112,7 +146,12 @@ impl Fleet {
             args.pd_runtime.unwrap_or_default().sim_name(),
             n = args.sim_workers.max(1)
         );
-        Ok(Fleet { _sims: vec![prefill_sim, decode_sim], workers: Workers::Pd(PdWorkers { prefill, decode }), label })
+        Ok(Fleet {
+            _sims: vec![prefill_sim, decode_sim],
+            workers: Workers::Pd(PdWorkers { prefill, decode }),
+            label,
+            tls: None,
+        })
     }
 
     /// What the workers are, for the report's header.
@@ -153,13 +192,22 @@ impl Fleet {
         }
     }
 
-    /// The gateway flags that register every worker (`scheme`: http or grpc).
+    /// With --tls: the workers' HTTPS ports and the CA.
+    pub(crate) fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
+    }
+
+    /// The gateway flags that register every worker (`scheme`: http or grpc; with --tls,
+    /// https to the workers' TLS ports).
     pub(crate) fn gateway_args(&self, scheme: &str) -> Vec<String> {
-        match &self.workers {
-            Workers::Whole(ports) => std::iter::once("--worker-urls".to_string())
+        match (&self.workers, &self.tls) {
+            (Workers::Whole(_), Some(tls)) => std::iter::once("--worker-urls".to_string())
+                .chain(tls.ports.iter().map(|p| format!("https://127.0.0.1:{p}")))
+                .collect(),
+            (Workers::Whole(ports), None) => std::iter::once("--worker-urls".to_string())
                 .chain(ports.iter().map(|p| format!("{scheme}://127.0.0.1:{p}")))
                 .collect(),
-            Workers::Pd(pd) => pd.gateway_args(scheme),
+            (Workers::Pd(pd), _) => pd.gateway_args(scheme),
         }
     }
 }

@@ -126,7 +126,13 @@ pub fn parse_response(raw: &[u8]) -> Resp {
 
 /// One request on a fresh connection (Connection: close), read to EOF.
 pub fn http(port: u16, method: &str, path: &str, body: &str) -> Resp {
-    let raw = http_raw(port, &request_bytes(method, path, body), Duration::from_secs(10)).expect("request failed");
+    http_within(port, method, path, body, Duration::from_secs(10))
+}
+
+/// [`http`] with its own bound (scaled by the patience factor): a real model's generation on a
+/// host a CI run shares takes longer than the simulator's answers.
+pub fn http_within(port: u16, method: &str, path: &str, body: &str, within: Duration) -> Resp {
+    let raw = http_raw(port, &request_bytes(method, path, body), patience(within)).expect("request failed");
     parse_response(&raw)
 }
 
