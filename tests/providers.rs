@@ -30,6 +30,8 @@ struct Cloud {
     sim: Sim,
     proxy: u16,
     ca: String,
+    /// Its HTTPS port, for a client that reaches it without the proxy.
+    tls: u16,
 }
 
 fn cloud(tag: &str) -> Cloud {
@@ -37,14 +39,18 @@ fn cloud(tag: &str) -> Cloud {
     std::fs::create_dir_all(&dir).unwrap();
     let keys = dir.join("keys.json");
     std::fs::write(&keys, KEYS).unwrap();
-    let proxy = free_port();
-    let (d, k, p) = (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string(), proxy.to_string());
-    let sim = Sim::start("cloud-sim", &["--tls-dir", &d, "--provider-keys", &k, "--connect-proxy-port", &p]);
+    let (proxy, tls) = (free_port(), free_port());
+    let (d, k, p, t) =
+        (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string(), proxy.to_string(), tls.to_string());
+    let sim = Sim::start(
+        "cloud-sim",
+        &["--tls-dir", &d, "--tls-port", &t, "--provider-keys", &k, "--connect-proxy-port", &p],
+    );
     assert!(
         wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", proxy)).is_ok()),
         "the stand-in's proxy on {proxy} did not start"
     );
-    Cloud { sim, proxy, ca: dir.join("ca.pem").to_str().unwrap().to_string() }
+    Cloud { sim, proxy, ca: dir.join("ca.pem").to_str().unwrap().to_string(), tls }
 }
 
 fn chat(model: &str) -> String {
@@ -202,13 +208,21 @@ fn a_mixed_fleet_routes_each_model_to_its_provider_with_its_key() {
                 assert_eq!(host, owner, "{q:?}");
             }
         }
-        // Every provider was reached through the proxy, by its name.
+        // Every provider was reached through the proxy, by its name, on connections kept
+        // alive: 20 more requests open no new tunnel (each tunnel is one pooled connection;
+        // the probes' own are the rest).
         let connects = get(cloud.sim.port, "/sim/connects").text();
         for host in
             ["api.openai.com:443", "api.anthropic.com:443", "generativelanguage.googleapis.com:443", "api.x.ai:443"]
         {
             assert!(connects.contains(host), "{connects}");
         }
+        let tunnels = || get(cloud.sim.port, "/sim/connects").text().matches("api.openai.com:443").count();
+        let before = tunnels();
+        for _ in 0..20 {
+            assert_eq!(post(gw.port, "/v1/chat/completions", &chat("gpt-4o-mini"), &[]).status, 200);
+        }
+        assert_eq!(tunnels(), before, "sequential requests reuse a pooled TLS connection");
     });
 }
 
@@ -327,5 +341,27 @@ fn backend_anthropic_serves_messages_as_anthropic_does() {
         assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("authentication_error")));
         // The key from the environment is never in the log or the workers list.
         assert!(!gw.log_text().contains("sk-a-stored") && !get(gw.port, "/workers").text().contains("sk-a-stored"));
+    });
+}
+
+/// `NO_PROXY` names the hosts reached directly: a provider there gets its TLS connection
+/// without the proxy (the stand-in's own HTTPS port, by address; its certificate names it).
+#[test]
+fn no_proxy_hosts_are_reached_directly() {
+    both_drivers(|legacy| {
+        let cloud = cloud(&format!("noproxy-{legacy}"));
+        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
+        let gw = start_env(
+            legacy,
+            &[],
+            &[("HTTPS_PROXY", &proxy), ("NO_PROXY", "localhost,127.0.0.1"), ("SSL_CERT_FILE", &cloud.ca)],
+        );
+        let url = format!("https://127.0.0.1:{}", cloud.tls);
+        register(gw.port, &format!(r#"{{"url":"{url}","api_key":"sk-o-stored","provider":"openai"}}"#));
+        wait_served(&gw, "gpt-4o");
+        let last = seen(&cloud).pop().unwrap();
+        assert_eq!(field(&last, "authorization"), Some("Bearer sk-o-stored"), "{last:?}");
+        let connects = get(cloud.sim.port, "/sim/connects").json();
+        assert_eq!(connects.as_array().map(|a| a.len()), Some(0), "tunnelled: {connects:?}");
     });
 }
