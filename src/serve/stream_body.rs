@@ -169,8 +169,8 @@ pub(super) async fn stream(
         let worker = picked.worker();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);
         let ct = upload.content_type.as_ref();
-        let keys = &shard.cfg().auth;
-        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, &[], len, span, &worker.meta, ct, keys);
+        let auth = &shard.cfg().auth;
+        upstream_head(&mut up_head, head, &client.buf, &worker.url.authority, &[], len, span, &worker.meta, ct, auth);
     }
     let id = picked.worker().id;
     let mut fresh = false;

@@ -50,9 +50,10 @@ impl From<WorkerError> for AttemptError {
 /// The request head a worker gets: the client's target, our Host and framing, and the
 /// client headers the contract forwards; with tracing, our span replaces the caller's
 /// `traceparent`; a worker registered with its own key gets that key instead of the
-/// client's. A cloud provider gets one key, in its own style ([`provider_key`]). For a data-parallel rank the body gets `"data_parallel_rank": k` spliced in
-/// after its opening brace: the head ends with the brace and the field, and the returned
-/// count of body bytes (up to and including the brace) is skipped when the body is written.
+/// client's; a cloud provider gets one key, in its own style ([`provider_key`]). For a
+/// data-parallel rank the body gets `"data_parallel_rank": k` spliced in after its opening
+/// brace: the head ends with the brace and the field, and the returned count of body bytes (up
+/// to and including the brace) is skipped when the body is written.
 /// The Content-Type is `application/json`, or the client's own when `content_type` points
 /// at it (a multipart form keeps its boundary). `body` is what is at hand of a body of
 /// `body_len` bytes (all of it, except for a streamed body, which gets no splice).
@@ -298,7 +299,7 @@ impl HttpRequest {
         };
         let bytes = sent.bytes(&client.buf);
         let (authority, ct) = (&worker.url.authority, self.content_type.as_ref());
-        let keys = &shard.cfg().auth;
+        let auth = &shard.cfg().auth;
         let skip = upstream_head(
             &mut self.up_head,
             head,
@@ -309,7 +310,7 @@ impl HttpRequest {
             span,
             &worker.meta,
             ct,
-            keys,
+            auth,
         );
         if translate {
             decisions::retarget(&mut self.up_head, head.target.len());

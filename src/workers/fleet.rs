@@ -173,7 +173,9 @@ impl Entry {
     /// live workers should not take S seconds to route).
     pub fn probe_every(&self, cfg: &FleetConfig) -> Duration {
         let interval = self.spec.health_interval.unwrap_or(cfg.health_interval);
-        if self.health.status() == Status::Ready && self.discovered {
+        // A provider's only probe asks for its models, which its API bills and rate-limits:
+        // a refused key is asked again at the interval, not every second.
+        if self.health.status() == Status::Ready && self.discovered || self.provider().is_some() {
             interval
         } else if self.health.confirming() {
             interval.min(CONFIRM)
