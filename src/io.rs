@@ -16,8 +16,110 @@ use monoio::net::TcpStream;
 
 pub use monoio::net::TcpListener;
 
+/// An upstream connection's bytes: plain TCP, or TLS over it (a cloud provider: the session
+/// the egress thread established, continued here). Self-hosted workers are `Plain`: one
+/// branch per I/O call is all TLS costs them.
+pub enum Upstream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+/// A TLS session on this shard's socket, and that socket's descriptor (for the idle check,
+/// which looks at the socket itself).
+pub struct TlsStream {
+    pub(crate) inner: monoio_rustls::ClientTlsStream<TcpStream>,
+    fd: RawFd,
+}
+
+impl TlsStream {
+    /// Continues `session`, whose handshake is done, on `tcp`.
+    pub fn resume(tcp: std::net::TcpStream, session: rustls::ClientConnection) -> io::Result<TlsStream> {
+        tcp.set_nonblocking(true)?;
+        let _ = tcp.set_nodelay(true);
+        let fd = tcp.as_raw_fd();
+        let tcp = TcpStream::from_std(tcp)?;
+        Ok(TlsStream { inner: monoio_rustls::ClientTlsStream::new(tcp, session), fd })
+    }
+}
+
+impl AsRawFd for Upstream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Upstream::Plain(s) => s.as_raw_fd(),
+            Upstream::Tls(t) => t.fd,
+        }
+    }
+}
+
+impl AsyncReadRent for Upstream {
+    async fn read<T: IoBufMut>(&mut self, buf: T) -> monoio::BufResult<usize, T> {
+        match self {
+            Upstream::Plain(s) => s.read(buf).await,
+            Upstream::Tls(t) => t.inner.read(buf).await,
+        }
+    }
+
+    async fn readv<T: monoio::buf::IoVecBufMut>(&mut self, buf: T) -> monoio::BufResult<usize, T> {
+        match self {
+            Upstream::Plain(s) => s.readv(buf).await,
+            Upstream::Tls(t) => t.inner.readv(buf).await,
+        }
+    }
+}
+
+impl AsyncWriteRent for Upstream {
+    async fn write<T: IoBuf>(&mut self, buf: T) -> monoio::BufResult<usize, T> {
+        match self {
+            Upstream::Plain(s) => s.write(buf).await,
+            Upstream::Tls(t) => t.inner.write(buf).await,
+        }
+    }
+
+    async fn writev<T: IoVecBuf>(&mut self, buf: T) -> monoio::BufResult<usize, T> {
+        match self {
+            Upstream::Plain(s) => s.writev(buf).await,
+            // monoio-rustls writes only the first part of a vector; gathered here, a request's
+            // head and body go as one TLS record and one write.
+            Upstream::Tls(t) => {
+                let (ptr, len) = (buf.read_iovec_ptr(), buf.read_iovec_len());
+                let mut all = Vec::new();
+                for i in 0..len {
+                    // SAFETY: `buf` owns `len` iovecs at `ptr`, each over memory it keeps alive
+                    // and unchanged while it is borrowed here.
+                    #[allow(unsafe_code)]
+                    let part = unsafe {
+                        let v = &*ptr.add(i);
+                        std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                    };
+                    all.extend_from_slice(part);
+                }
+                let (res, _) = t.inner.write_all(all).await;
+                (res, buf)
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Upstream::Plain(s) => s.flush().await,
+            Upstream::Tls(t) => t.inner.flush().await,
+        }
+    }
+
+    async fn shutdown(&mut self) -> io::Result<()> {
+        match self {
+            Upstream::Plain(s) => s.shutdown().await,
+            Upstream::Tls(t) => t.inner.shutdown().await,
+        }
+    }
+}
+
 /// Reads more bytes, appending to `buf` (grows it so at least `min_spare` bytes fit).
-pub async fn read_more(s: &mut TcpStream, mut buf: Vec<u8>, min_spare: usize) -> (io::Result<usize>, Vec<u8>) {
+pub async fn read_more<S: AsyncReadRent>(
+    s: &mut S,
+    mut buf: Vec<u8>,
+    min_spare: usize,
+) -> (io::Result<usize>, Vec<u8>) {
     if buf.capacity() - buf.len() < min_spare {
         buf.reserve(min_spare);
     }
@@ -29,7 +131,7 @@ pub async fn read_more(s: &mut TcpStream, mut buf: Vec<u8>, min_spare: usize) ->
 
 /// Reads at most `max` bytes into `buf`, replacing what it held (a body pumped through
 /// one buffer must not read past its end into the next request).
-pub async fn read_into(s: &mut TcpStream, mut buf: Vec<u8>, max: usize) -> (io::Result<usize>, Vec<u8>) {
+pub async fn read_into<S: AsyncReadRent>(s: &mut S, mut buf: Vec<u8>, max: usize) -> (io::Result<usize>, Vec<u8>) {
     buf.clear();
     buf.reserve(max);
     let (res, slice) = s.read(buf.slice_mut(0..max)).await;
@@ -44,8 +146,8 @@ pub enum Timed<T> {
 
 /// [`read_more`] that gives up after `limit`. On expiry the buffer stays with the cancelled
 /// operation and an empty one comes back.
-pub async fn read_more_within(
-    s: &mut TcpStream,
+pub async fn read_more_within<S: AsyncReadRent>(
+    s: &mut S,
     buf: Vec<u8>,
     min_spare: usize,
     limit: Duration,
@@ -57,13 +159,18 @@ pub async fn read_more_within(
 }
 
 /// Writes all of `buf`.
-pub async fn write_all(s: &mut TcpStream, buf: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
+pub async fn write_all<S: AsyncWriteRent>(s: &mut S, buf: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
     let (res, buf) = s.write_all(buf).await;
     (res.map(|_| ()), buf)
 }
 
 /// Writes `buf[start..end]` completely.
-pub async fn write_range(s: &mut TcpStream, buf: Vec<u8>, start: usize, end: usize) -> (io::Result<()>, Vec<u8>) {
+pub async fn write_range<S: AsyncWriteRent>(
+    s: &mut S,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+) -> (io::Result<()>, Vec<u8>) {
     if start == end {
         return (Ok(()), buf);
     }
@@ -101,8 +208,8 @@ unsafe impl IoVecBuf for Writev2 {
 impl Writev2 {
     /// Writes `a` then `b[b_start..b_end]`, looping over short writes; both come back.
     #[allow(unsafe_code)]
-    pub async fn write(
-        s: &mut TcpStream,
+    pub async fn write<S: AsyncWriteRent>(
+        s: &mut S,
         a: Vec<u8>,
         b: Vec<u8>,
         b_start: usize,
@@ -140,7 +247,7 @@ impl Writev2 {
 }
 
 /// Stops sending on `s` (FIN), keeping it open for reading.
-pub async fn shutdown_write(s: &mut TcpStream) {
+pub async fn shutdown_write<S: AsyncWriteRent>(s: &mut S) {
     let _ = s.shutdown().await;
 }
 
@@ -167,7 +274,7 @@ fn peek_now(fd: RawFd) -> Option<bool> {
 /// An idle connection is clean when the peer has sent nothing and not closed it: anything
 /// readable on a connection with no request outstanding is either a close or bytes that
 /// belong to no request, and the connection must not be used.
-pub fn idle_is_clean(s: &TcpStream) -> bool {
+pub fn idle_is_clean(s: &impl AsRawFd) -> bool {
     peek_now(s.as_raw_fd()).is_none()
 }
 

@@ -1,17 +1,16 @@
-//! Egress: TLS to `https://` workers (cloud providers), originated off the shards.
+//! Egress: TLS to `https://` workers (cloud providers), established off the shards.
 //!
 //! One thread (`smg-egress`, a current-thread tokio runtime, started only when a fleet has an
-//! `https://` worker) listens on one loopback port per origin. The shards connect to that
-//! port as to any HTTP worker, pool the connection and keep it alive; each connection the
-//! thread accepts becomes one TLS connection to the origin (rustls, the system's roots,
-//! `SSL_CERT_FILE` honoured), directly or through the `HTTPS_PROXY` tunnel (`proxy.rs`), and
-//! the thread pipes the bytes both ways. When the origin closes, the loopback side closes
-//! too, so a shard's pool sees it as it sees any worker's close.
-//!
-//! Why not TLS on the shards: a self-hosted request then pays nothing for TLS (not a branch:
-//! the shards' I/O stays plain TCP), and providers' answers take tens of milliseconds, next
-//! to which one loopback hop is small. The price, measured in the README ("Cloud providers"),
-//! is that hop's CPU on provider requests.
+//! `https://` worker) makes every connection to an origin: DNS, the `HTTPS_PROXY` tunnel
+//! unless `NO_PROXY` names the host (`proxy.rs`), and the TLS handshake (rustls, the system's
+//! roots, `SSL_CERT_FILE` honoured). Then it hands the socket and the established session to
+//! whoever asked:
+//! - a shard (`Dial`, through the worker's [`TlsRoute`]): the session continues on the shard's
+//!   own reactor (`io::TlsStream`), pooled and kept alive like any upstream connection, so a
+//!   request's bytes never cross a core. Nothing that can block (a name lookup, a proxy, a
+//!   handshake's round trips) runs on a shard;
+//! - the control thread, whose probes and model listings speak plain HTTP to a loopback port
+//!   per origin: each connection accepted there is piped to a TLS connection of its own.
 
 mod proxy;
 
@@ -44,6 +43,31 @@ pub struct Egress {
     rt: tokio::runtime::Handle,
     ports: HashMap<Origin, SocketAddr>,
     shared: Arc<Shared>,
+    dial: flume::Sender<Dial>,
+}
+
+/// A shard's way to a TLS origin: ask the egress thread for a connection.
+#[derive(Debug)]
+pub struct TlsRoute {
+    origin: Arc<Origin>,
+    dial: flume::Sender<Dial>,
+}
+
+/// A connection to `origin` wanted: its socket and established session go back on `reply`.
+struct Dial {
+    origin: Arc<Origin>,
+    reply: flume::Sender<Result<(std::net::TcpStream, rustls::ClientConnection), String>>,
+}
+
+impl TlsRoute {
+    /// A new TLS connection to the origin, made on the egress thread and continued here.
+    pub async fn connect(&self) -> std::io::Result<crate::io::TlsStream> {
+        let (tx, rx) = flume::bounded(1);
+        let gone = || std::io::Error::other("egress thread is gone");
+        self.dial.send(Dial { origin: Arc::clone(&self.origin), reply: tx }).map_err(|_| gone())?;
+        let (tcp, session) = rx.recv_async().await.map_err(|_| gone())?.map_err(std::io::Error::other)?;
+        crate::io::TlsStream::resume(tcp, session)
+    }
 }
 
 /// What every pipe reads.
@@ -64,6 +88,7 @@ impl Egress {
         let proxy = ProxyConfig::from_env()?;
         let tls = tokio_rustls::TlsConnector::from(client_config()?);
         let (tx, rx) = flume::bounded(1);
+        let (dialer, dials) = flume::unbounded::<Dial>();
         std::thread::Builder::new()
             .name("smg-egress".into())
             .spawn(move || {
@@ -77,7 +102,19 @@ impl Egress {
             })
             .map_err(|e| format!("egress thread: {e}"))?;
         let rt = rx.recv().map_err(|_| "egress thread: no runtime".to_string())?;
-        Ok(Egress { rt, ports: HashMap::new(), shared: Arc::new(Shared { tls, proxy }) })
+        let shared = Arc::new(Shared { tls, proxy });
+        let for_dials = Arc::clone(&shared);
+        rt.spawn(async move {
+            while let Ok(d) = dials.recv_async().await {
+                tokio::spawn(dial(d, Arc::clone(&for_dials)));
+            }
+        });
+        Ok(Egress { rt, ports: HashMap::new(), shared, dial: dialer })
+    }
+
+    /// The shards' way to `origin`.
+    pub fn route(&self, origin: &Origin) -> TlsRoute {
+        TlsRoute { origin: Arc::new(origin.clone()), dial: self.dial.clone() }
     }
 
     /// The loopback address whose connections become TLS connections to `origin`: one port
@@ -114,7 +151,24 @@ impl Egress {
     }
 }
 
-/// One shard connection: reach the origin over TLS, then copy both ways until either side
+/// A shard's connection: reached over TLS here, then the socket and the session handed over.
+async fn dial(d: Dial, shared: Arc<Shared>) {
+    let to = &d.origin;
+    let reached = match tokio::time::timeout(CONNECT_TIMEOUT, reach(to, &shared)).await {
+        Ok(Ok(tls)) => {
+            let (tcp, session) = tls.into_inner();
+            tcp.into_std().map(|tcp| (tcp, session)).map_err(|e| e.to_string())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!("no TLS connection within {CONNECT_TIMEOUT:?}")),
+    };
+    if let Err(e) = &reached {
+        crate::warn!("egress to {}:{}: {e}", to.host, to.port);
+    }
+    let _ = d.reply.send(reached.map_err(|e| format!("{}:{}: {e}", to.host, to.port)));
+}
+
+/// One control-thread connection: reach the origin over TLS, then copy both ways until either side
 /// closes. A failure closes the shard's connection before any answer, which the shard takes
 /// as this worker failing (its breaker and retry rules decide the rest).
 async fn pipe(mut inbound: TcpStream, to: Arc<Origin>, shared: Arc<Shared>) {

@@ -15,16 +15,14 @@
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use monoio::net::TcpStream;
-
-use crate::io;
+use crate::io::{self, Upstream};
 use crate::worker_id::WorkerId;
 
 /// Read buffer size of an upstream connection.
 pub const UPSTREAM_BUF: usize = 16 * 1024;
 
 pub struct UpstreamConn {
-    pub stream: TcpStream,
+    pub stream: Upstream,
     /// Read buffer, owned by the connection so it travels through the pool with it.
     pub buf: Vec<u8>,
     idle_since: Instant,
@@ -32,9 +30,16 @@ pub struct UpstreamConn {
     pub reused: bool,
 }
 
+/// A new plain connection to `addr`.
 pub async fn connect(addr: std::net::SocketAddr) -> std::io::Result<UpstreamConn> {
-    let stream = io::connect(addr).await?;
-    Ok(UpstreamConn { stream, buf: Vec::with_capacity(UPSTREAM_BUF), idle_since: crate::clock::now(), reused: false })
+    Ok(UpstreamConn::new(Upstream::Plain(io::connect(addr).await?)))
+}
+
+impl UpstreamConn {
+    /// A new connection over `stream` (a TLS one: `egress::TlsRoute::connect`).
+    pub fn new(stream: Upstream) -> UpstreamConn {
+        UpstreamConn { stream, buf: Vec::with_capacity(UPSTREAM_BUF), idle_since: crate::clock::now(), reused: false }
+    }
 }
 
 /// Idle connections of one shard, per worker id.

@@ -104,7 +104,14 @@ pub async fn session(shard: &Rc<Shard>, client: &mut Client, head: &RequestHead,
     client.next = client.buf.len();
     let ended = {
         let (client_read, client_write) = io::split(&mut client.stream);
-        let (worker_read, worker_write) = io::split(&mut conn.stream);
+        // A realtime session's connection is a plain one (`open`: an `https://` worker's goes
+        // through the egress thread's loopback port).
+        let crate::io::Upstream::Plain(worker_stream) = &mut conn.stream else {
+            return Outcome::Failed(worker_error(WorkerCause::Connect(std::io::Error::other(
+                "not a plain connection",
+            ))));
+        };
+        let (worker_read, worker_write) = io::split(worker_stream);
         let sides = Sides { client_read, client_write, worker_read, worker_write };
         // The worker must not be able to predict it (RFC 6455 §5.3): not the request ids' generator.
         relay::run(sides, &mut up, &mut down, shard.drained(), shard.cfg().websocket_idle_timeout).await

@@ -267,7 +267,7 @@ enum Pumped {
 /// written.
 async fn pump(
     from: &mut TcpStream,
-    to: &mut TcpStream,
+    to: &mut crate::io::Upstream,
     mut rest: usize,
     stall: Option<Duration>,
     mut check: Option<&mut (dyn Check + '_)>,

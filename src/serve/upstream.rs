@@ -330,7 +330,12 @@ pub async fn open_to(shard: &Shard, worker: &Worker, fresh: bool) -> Result<Upst
     if let Some(c) = (!fresh).then(|| shard.take_conn(id)).flatten() {
         return Ok(c);
     }
-    match pool::connect(addr).await {
+    // A cloud provider's TLS: the egress thread makes the connection, this shard carries it.
+    let made = match &worker.meta.tls {
+        Some(route) => route.connect().await.map(|t| UpstreamConn::new(crate::io::Upstream::Tls(Box::new(t)))),
+        None => pool::connect(addr).await,
+    };
+    match made {
         Ok(c) => Ok(c),
         Err(e) if is_resource_exhaustion(&e) => {
             Err(AttemptError::Failed(Failure::Internal(InternalError::NoDescriptors(e))))

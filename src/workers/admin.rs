@@ -339,7 +339,7 @@ fn info(b: &mut Vec<u8>, e: &Entry) {
     field(b, "connection_mode", false);
     put_str(b, if e.base.grpc { "grpc" } else { "http" });
     field(b, "runtime_type", false);
-    put_str(b, if e.provider().is_some() { "external" } else { e.runtime.as_str() });
+    put_str(b, e.runtime.as_str());
     if let Some(p) = e.provider() {
         field(b, "provider", false);
         put_str(b, p.name());
@@ -480,6 +480,7 @@ fn apply_fields(spec: &mut WorkerSpec, v: &Value) -> Result<(), String> {
             let host = spec.url.split_once("://").map_or("", |(_, r)| r).split(':').next().unwrap_or("");
             let by_host = super::provider::Provider::of_host(host);
             spec.provider = spec.provider.or(by_host).or(Some(super::provider::Provider::OpenAi));
+            spec.runtime = Some(Runtime::External);
         } else if !r.eq_ignore_ascii_case("unspecified") {
             spec.runtime = Some(Runtime::parse(&r).ok_or_else(|| format!("unknown runtime_type '{r}'"))?);
         }

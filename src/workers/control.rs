@@ -249,7 +249,7 @@ async fn provider_models(
 ) -> Option<Vec<u8>> {
     for (url, p) in providers {
         let _place = super::sockets::place().await;
-        match probe::provider_models(&url, p, key.expose().as_bytes(), timeout).await {
+        match probe::provider_models(&url, p, Some(key.expose().as_bytes()), timeout).await {
             Ok(ids) if !ids.is_empty() => return Some(super::snapshot::render_models(&ids, p.name())),
             Ok(_) => {}
             Err(e) => crate::debug!("caller's key at {}: {e}", url.url),

@@ -126,6 +126,8 @@ pub struct Entry {
     pub grpc: Option<Arc<crate::grpc::model::GrpcModel>>,
     /// A provider's models after `model`, as its `/v1/models` listed them.
     pub more_models: Vec<String>,
+    /// An `https://` worker's way for shards to reach it (`egress/`).
+    tls: Option<Arc<crate::egress::TlsRoute>>,
     meta: Arc<WorkerMeta>,
 }
 
@@ -153,6 +155,7 @@ impl Entry {
             kv_events: self.spec.kv_events.clone().map(Arc::new),
             provider: self.provider(),
             more_models: self.more_models.clone(),
+            tls: self.tls.clone(),
         });
     }
 
@@ -337,7 +340,10 @@ impl Fleet {
         dp_rank: Option<u32>,
         now: Instant,
     ) -> Entry {
-        let runtime = spec.runtime.unwrap_or_default();
+        // A cloud provider is an external runtime, however it was named.
+        let provider = spec.provider.or(url.provider).is_some();
+        let runtime = if provider { Runtime::External } else { spec.runtime.unwrap_or_default() };
+        let tls = url.tls.as_ref().and_then(|o| self.egress.as_ref().map(|e| Arc::new(e.route(o))));
         let mut e = Entry {
             id,
             uuid: crate::uuid::uuid_v7(),
@@ -362,6 +368,7 @@ impl Fleet {
             created: std::time::SystemTime::now(),
             grpc: None,
             more_models: Vec::new(),
+            tls,
             meta: Arc::default(),
             spec,
         };

@@ -187,16 +187,16 @@ pub async fn discover(worker: &WorkerUrl, timeout: Duration) -> Option<Discovery
     })
 }
 
-/// A cloud provider's discovery: its models ([`provider_models`]) with the stored key. None
-/// without a key (nothing to ask with: the worker serves once a model is given), or when
-/// the provider refuses or lists nothing.
+/// A cloud provider's discovery: its models ([`provider_models`]) with the stored key, or with
+/// none when it has none (an OpenAI-compatible service that needs no key answers; a provider
+/// that does refuses). None when it refuses or lists nothing.
 pub async fn provider_discover(
     worker: &WorkerUrl,
     provider: Provider,
     key: Option<&str>,
     timeout: Duration,
 ) -> Option<Discovery> {
-    let ids = match provider_models(worker, provider, key?.as_bytes(), timeout).await {
+    let ids = match provider_models(worker, provider, key.map(str::as_bytes), timeout).await {
         Ok(ids) => ids,
         Err(e) => {
             crate::warn!("worker {}: /v1/models: {e}", worker.url);
@@ -207,7 +207,7 @@ pub async fn provider_discover(
     let model = ids.next()?;
     Some(Discovery {
         model,
-        runtime: Runtime::Unspecified,
+        runtime: Runtime::External,
         dp_size: None,
         max_running: None,
         grpc: None,
@@ -220,11 +220,13 @@ pub async fn provider_discover(
 pub async fn provider_models(
     worker: &WorkerUrl,
     provider: Provider,
-    key: &[u8],
+    key: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<Vec<String>, String> {
     let mut auth = Vec::new();
-    provider.write_key(&mut auth, key, false);
+    if let Some(k) = key {
+        provider.write_key(&mut auth, k, false);
+    }
     let r = match tokio::time::timeout(timeout, exchange(worker, "GET", "/v1/models", None, &auth)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(e.to_string()),

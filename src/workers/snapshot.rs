@@ -54,6 +54,9 @@ pub struct WorkerMeta {
     pub provider: Option<super::provider::Provider>,
     /// A provider's models after `Worker::model`.
     pub more_models: Vec<String>,
+    /// An `https://` worker: how a shard gets a TLS connection to it (`egress/`). Its
+    /// `url.addr` is then the egress thread's loopback port, for the control thread.
+    pub tls: Option<Arc<crate::egress::TlsRoute>>,
 }
 
 /// The part a worker plays: whole requests, or one leg of a prefill/decode pair. A prefill
