@@ -4,6 +4,9 @@
 //! gateway behind a corporate proxy reaches the real ones. Every key rule is checked over
 //! every request the stand-in saw.
 
+// clippy.toml's house rules are the gateway's: a test times a whole request from outside.
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::Duration;
@@ -363,5 +366,31 @@ fn no_proxy_hosts_are_reached_directly() {
         assert_eq!(field(&last, "authorization"), Some("Bearer sk-o-stored"), "{last:?}");
         let connects = get(cloud.sim.port, "/sim/connects").json();
         assert_eq!(connects.as_array().map(|a| a.len()), Some(0), "tunnelled: {connects:?}");
+    });
+}
+
+/// A provider that goes away mid-service: the stand-in's worker dies while its TLS front and
+/// proxy stay up (as a provider's edge answers for a failed backend), so the new TLS
+/// connection closes before any answer: the gateway's `502 upstream_error` at once, not a
+/// hang, and the gateway goes on serving.
+#[test]
+fn a_provider_that_goes_away_is_a_prompt_502() {
+    both_drivers(|legacy| {
+        let cloud = cloud(&format!("gone-{legacy}"));
+        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
+        let gw =
+            start_env(legacy, &["--retry-max-retries", "2"], &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca)]);
+        register(gw.port, r#"{"url":"https://api.openai.com","api_key":"sk-o-stored"}"#);
+        wait_served(&gw, "gpt-4o");
+        cloud.sim.die();
+        // The first answer may come from a pooled connection that just died (its retry then
+        // finds no way in); either way the caller hears of it well within the wait for a
+        // TLS connection (30 s), which is what a hang would cost.
+        let started = std::time::Instant::now();
+        let r = post_within(gw.port, "/v1/chat/completions", &chat("gpt-4o"), &[], Duration::from_secs(15));
+        assert!(started.elapsed() < patience(Duration::from_secs(15)), "took {:?}", started.elapsed());
+        assert_eq!(r.status, 502, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"].as_str(), Some("upstream_error"), "{}", r.text());
+        assert_eq!(get(gw.port, "/health").status, 200);
     });
 }
