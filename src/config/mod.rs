@@ -477,7 +477,7 @@ impl LaunchArgs {
             let mut spec = WorkerSpec::from_url(u);
             if let Some(p) = provider {
                 spec.provider = Some(p);
-                spec.api_key = p.key_from_env().map(crate::secret::Secret::new);
+                spec.api_key = crate::workers::provider::key_from_env(p).map(crate::secret::Secret::new);
             }
             workers.push(spec);
         }

@@ -104,7 +104,7 @@ pub fn upstream_head(
         }
         Some(p) => {
             if let Some(k) = provider_key(head, buf, meta, auth) {
-                p.write_key(out, k, head.header(buf, "anthropic-version").is_some());
+                crate::workers::provider::write_key(p, out, k, head.header(buf, "anthropic-version").is_some());
             }
         }
     }

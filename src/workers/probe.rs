@@ -225,7 +225,7 @@ pub async fn provider_models(
 ) -> Result<Vec<String>, String> {
     let mut auth = Vec::new();
     if let Some(k) = key {
-        provider.write_key(&mut auth, k, false);
+        super::provider::write_key(provider, &mut auth, k, false);
     }
     let r = match tokio::time::timeout(timeout, exchange(worker, "GET", "/v1/models", None, &auth)).await {
         Ok(Ok(r)) => r,

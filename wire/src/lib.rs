@@ -10,6 +10,7 @@ pub mod civil;
 pub mod header;
 pub mod json;
 pub mod num;
+pub mod provider;
 pub mod ws;
 
 pub use chunked::{ChunkError, ChunkedDecoder};

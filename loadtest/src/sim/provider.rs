@@ -21,92 +21,62 @@ use sonic_rs::{JsonContainerTrait, JsonValueTrait};
 
 use crate::sim::render::{put_json_str, put_response};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Provider {
-    OpenAi,
-    Anthropic,
-    Gemini,
-    Xai,
+pub use smg_wire::provider::Provider;
+
+/// The provider a request's `Host` names; any other host is answered as OpenAI.
+pub fn of_host(host: &[u8]) -> Provider {
+    std::str::from_utf8(host).ok().and_then(Provider::of_host).unwrap_or(Provider::OpenAi)
 }
 
-impl Provider {
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "openai" => Self::OpenAi,
-            "anthropic" => Self::Anthropic,
-            "gemini" => Self::Gemini,
-            "xai" => Self::Xai,
-            _ => return None,
-        })
-    }
+/// The `request_log::HEADERS` index of the header `p`'s key travels in.
+fn key_index(p: Provider) -> usize {
+    crate::sim::request_log::HEADERS.iter().position(|h| *h == p.key_header()).unwrap_or(1)
+}
 
-    /// By the request's `Host` (its port, if any, aside).
-    pub fn of_host(host: &[u8]) -> Self {
-        let name = match host.iter().rposition(|&b| b == b':') {
-            Some(at) => &host[..at],
-            None => host,
-        };
-        match name {
-            b"api.anthropic.com" => Self::Anthropic,
-            b"generativelanguage.googleapis.com" => Self::Gemini,
-            b"api.x.ai" => Self::Xai,
-            _ => Self::OpenAi,
+/// `p`'s error body for `status`, in its own shape.
+fn error_body(p: Provider, status: u16, message: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(160);
+    match p {
+        Provider::Anthropic => {
+            let kind = match status {
+                401 => "authentication_error",
+                404 => "not_found_error",
+                429 => "rate_limit_error",
+                _ => "api_error",
+            };
+            b.extend_from_slice(
+                format!("{{\"type\":\"error\",\"error\":{{\"type\":\"{kind}\",\"message\":").as_bytes(),
+            );
+            put_json_str(&mut b, message);
+            b.extend_from_slice(b"}}");
+        }
+        Provider::Gemini => {
+            let st = match status {
+                401 => "UNAUTHENTICATED",
+                404 => "NOT_FOUND",
+                429 => "RESOURCE_EXHAUSTED",
+                _ => "INTERNAL",
+            };
+            b.extend_from_slice(format!("{{\"error\":{{\"code\":{status},\"message\":").as_bytes());
+            put_json_str(&mut b, message);
+            b.extend_from_slice(format!(",\"status\":\"{st}\"}}}}").as_bytes());
+        }
+        Provider::OpenAi | Provider::Xai => {
+            let code = match status {
+                400 => "null",
+                401 => "\"invalid_api_key\"",
+                404 => "\"model_not_found\"",
+                429 => "\"rate_limit_exceeded\"",
+                _ => "\"server_error\"",
+            };
+            b.extend_from_slice(b"{\"error\":{\"message\":");
+            put_json_str(&mut b, message);
+            b.extend_from_slice(
+                format!(",\"type\":\"invalid_request_error\",\"param\":null,\"code\":{code}}}}}").as_bytes(),
+            );
         }
     }
-
-    /// The `request_log::HEADERS` index of the header its key travels in.
-    fn key_header(self) -> usize {
-        match self {
-            Self::OpenAi | Self::Xai => 1,
-            Self::Anthropic => 2,
-            Self::Gemini => 3,
-        }
-    }
-
-    fn error_body(self, status: u16, message: &str) -> Vec<u8> {
-        let mut b = Vec::with_capacity(160);
-        match self {
-            Self::Anthropic => {
-                let kind = match status {
-                    401 => "authentication_error",
-                    404 => "not_found_error",
-                    429 => "rate_limit_error",
-                    _ => "api_error",
-                };
-                b.extend_from_slice(
-                    format!("{{\"type\":\"error\",\"error\":{{\"type\":\"{kind}\",\"message\":").as_bytes(),
-                );
-                put_json_str(&mut b, message);
-                b.extend_from_slice(b"}}");
-            }
-            Self::Gemini => {
-                let st = match status {
-                    401 => "UNAUTHENTICATED",
-                    404 => "NOT_FOUND",
-                    429 => "RESOURCE_EXHAUSTED",
-                    _ => "INTERNAL",
-                };
-                b.extend_from_slice(format!("{{\"error\":{{\"code\":{status},\"message\":").as_bytes());
-                put_json_str(&mut b, message);
-                b.extend_from_slice(format!(",\"status\":\"{st}\"}}}}").as_bytes());
-            }
-            Self::OpenAi | Self::Xai => {
-                let code = match status {
-                    400 => "null",
-                    401 => "\"invalid_api_key\"",
-                    404 => "\"model_not_found\"",
-                    429 => "\"rate_limit_exceeded\"",
-                    _ => "\"server_error\"",
-                };
-                b.extend_from_slice(b"{\"error\":{\"message\":");
-                put_json_str(&mut b, message);
-                b.extend_from_slice(
-                    format!(",\"type\":\"invalid_request_error\",\"param\":null,\"code\":{code}}}}}").as_bytes(),
-                );
-            }
-        }
-        b
-    }
+    b
 }
 
 /// Self-hosted engines' request fields a provider refuses (a sample of SGLang's).
@@ -146,7 +116,7 @@ impl ProviderKeys {
         for (k, info) in obj.iter() {
             let provider = info["provider"]
                 .as_str()
-                .and_then(Provider::parse)
+                .and_then(|p| Provider::parse(p).filter(|q| q.name() == p))
                 .ok_or_else(|| format!("key {k:?}: provider must be openai, anthropic, gemini or xai"))?;
             let models = info["models"]
                 .as_array()
@@ -186,20 +156,20 @@ pub fn answer<'h>(
     extra: &[u8],
     out: &mut Vec<u8>,
 ) -> bool {
-    let p = Provider::of_host(host);
+    let p = of_host(host);
     let reply = |out: &mut Vec<u8>, status: u16, message: &str, more: &[u8]| {
         let mut ex = extra.to_vec();
         ex.extend_from_slice(more);
-        put_response(out, status, "application/json", &p.error_body(status, message), keep_alive, &ex);
+        put_response(out, status, "application/json", &error_body(p, status, message), keep_alive, &ex);
         true
     };
     if let Some(f) = fail {
         let more = f.retry_after.map(|s| format!("retry-after: {s}\r\n").into_bytes()).unwrap_or_default();
         return reply(out, f.status, "simulated provider failure", &more);
     }
-    let sent = header(p.key_header()).map(|v| {
+    let sent = header(key_index(p)).map(|v| {
         let v = v.trim_ascii();
-        if p.key_header() == 1 {
+        if p.key_header() == "authorization" {
             v.strip_prefix(b"Bearer ").unwrap_or(v)
         } else {
             v
