@@ -66,6 +66,16 @@ async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx:
     }
     let (done_tx, done_rx) = flume::unbounded::<Done>();
     registry.store(Arc::new(fleet.snapshot()));
+    // An admin request is answered from the state routing already sees: what is pending is
+    // published first. (`GET /workers` saying a breaker is open while the shards still route
+    // to that worker is a state a client can act on and be wrong.)
+    let apply = |fleet: &mut Fleet, m: ControlMsg, dirty: &mut bool| {
+        if *dirty && matches!(m, ControlMsg::Admin { .. }) {
+            registry.store(Arc::new(fleet.snapshot()));
+            *dirty = false;
+        }
+        *dirty |= on_message(fleet, m, &done_tx);
+    };
     loop {
         let now = crate::clock::now();
         start_due(&mut fleet, now, &done_tx);
@@ -73,7 +83,7 @@ async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx:
         let wake = fleet.next_deadline().unwrap_or(now + Duration::from_secs(1)).max(now);
         tokio::select! {
             m = rx.recv_async() => match m {
-                Ok(m) => dirty |= on_message(&mut fleet, m, &done_tx),
+                Ok(m) => apply(&mut fleet, m, &mut dirty),
                 Err(_) => return,
             },
             d = done_rx.recv_async() => {
@@ -87,7 +97,7 @@ async fn run(initial: Vec<WorkerSpec>, registry: Registry, cfg: FleetConfig, rx:
         }
         // Everything already waiting is applied before one publish.
         while let Ok(m) = rx.try_recv() {
-            dirty |= on_message(&mut fleet, m, &done_tx);
+            apply(&mut fleet, m, &mut dirty);
         }
         if dirty {
             registry.store(Arc::new(fleet.snapshot()));
