@@ -56,6 +56,17 @@ fn cloud(tag: &str) -> Cloud {
     Cloud { sim, proxy, ca: dir.join("ca.pem").to_str().unwrap().to_string(), tls }
 }
 
+impl Cloud {
+    /// A gateway that reaches the stand-in as the internet: through its proxy, trusting its
+    /// CA; `env` adds to (or overrides) that.
+    fn gateway(&self, legacy: bool, args: &[&str], env: &[(&str, &str)]) -> Gateway {
+        let proxy = format!("http://127.0.0.1:{}", self.proxy);
+        let mut all = vec![("HTTPS_PROXY", proxy.as_str()), ("SSL_CERT_FILE", self.ca.as_str())];
+        all.extend_from_slice(env);
+        start_env(legacy, args, &all)
+    }
+}
+
 fn chat(model: &str) -> String {
     format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":3}}"#)
 }
@@ -108,12 +119,7 @@ fn a_mixed_fleet_routes_each_model_to_its_provider_with_its_key() {
     both_drivers(|legacy| {
         let cloud = cloud(&format!("mixed-{legacy}"));
         let own = Sim::start("self-model", &[]);
-        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
-        let gw = start_env(
-            legacy,
-            &["--worker-urls", &own.url(), "--log-level", "debug"],
-            &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca), ("NO_PROXY", "")],
-        );
+        let gw = cloud.gateway(legacy, &["--worker-urls", &own.url(), "--log-level", "debug"], &[("NO_PROXY", "")]);
         gw.ready_workers(1);
         register_all(gw.port);
         for m in ["gpt-4o", "gpt-4o-mini", "claude-x", "gemini-x", "grok-x"] {
@@ -237,11 +243,10 @@ fn a_mixed_fleet_routes_each_model_to_its_provider_with_its_key() {
 fn a_gateway_key_never_reaches_a_provider() {
     both_drivers(|legacy| {
         let cloud = cloud(&format!("gwkey-{legacy}"));
-        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
-        let gw = start_env(
+        let gw = cloud.gateway(
             legacy,
             &["--api-key", "gw-shared-key", "--tenant-api-key", "team:gw-tenant-key", "--log-level", "debug"],
-            &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca)],
+            &[],
         );
         let auth = "Authorization: Bearer gw-shared-key";
         let r = post(gw.port, "/workers", r#"{"url":"https://api.openai.com","api_key":"sk-o-stored"}"#, &[auth]);
@@ -270,9 +275,7 @@ fn a_gateway_key_never_reaches_a_provider() {
 fn a_providers_refusals_are_relayed_once() {
     both_drivers(|legacy| {
         let cloud = cloud(&format!("refusals-{legacy}"));
-        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
-        let gw =
-            start_env(legacy, &["--retry-max-retries", "3"], &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca)]);
+        let gw = cloud.gateway(legacy, &["--retry-max-retries", "3"], &[]);
         register(gw.port, r#"{"url":"https://api.openai.com","api_key":"sk-o-stored"}"#);
         register(gw.port, r#"{"url":"https://api.anthropic.com","api_key":"sk-a-stored"}"#);
         wait_served(&gw, "gpt-4o");
@@ -303,11 +306,10 @@ fn a_providers_refusals_are_relayed_once() {
 fn backend_anthropic_serves_messages_as_anthropic_does() {
     both_drivers(|legacy| {
         let cloud = cloud(&format!("anthropic-{legacy}"));
-        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
-        let gw = start_env(
+        let gw = cloud.gateway(
             legacy,
             &["--backend", "anthropic", "--worker-urls", "https://api.anthropic.com"],
-            &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca), ("ANTHROPIC_API_KEY", "sk-a-stored")],
+            &[("ANTHROPIC_API_KEY", "sk-a-stored")],
         );
         gw.ready_workers(1);
         let body = |stream: bool| {
@@ -355,12 +357,7 @@ fn backend_anthropic_serves_messages_as_anthropic_does() {
 fn no_proxy_hosts_are_reached_directly() {
     both_drivers(|legacy| {
         let cloud = cloud(&format!("noproxy-{legacy}"));
-        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
-        let gw = start_env(
-            legacy,
-            &[],
-            &[("HTTPS_PROXY", &proxy), ("NO_PROXY", "localhost,127.0.0.1"), ("SSL_CERT_FILE", &cloud.ca)],
-        );
+        let gw = cloud.gateway(legacy, &[], &[("NO_PROXY", "localhost,127.0.0.1")]);
         let url = format!("https://127.0.0.1:{}", cloud.tls);
         register(gw.port, &format!(r#"{{"url":"{url}","api_key":"sk-o-stored","provider":"openai"}}"#));
         wait_served(&gw, "gpt-4o");
@@ -379,9 +376,7 @@ fn no_proxy_hosts_are_reached_directly() {
 fn a_provider_that_goes_away_is_a_prompt_502() {
     both_drivers(|legacy| {
         let cloud = cloud(&format!("gone-{legacy}"));
-        let proxy = format!("http://127.0.0.1:{}", cloud.proxy);
-        let gw =
-            start_env(legacy, &["--retry-max-retries", "2"], &[("HTTPS_PROXY", &proxy), ("SSL_CERT_FILE", &cloud.ca)]);
+        let gw = cloud.gateway(legacy, &["--retry-max-retries", "2"], &[]);
         register(gw.port, r#"{"url":"https://api.openai.com","api_key":"sk-o-stored"}"#);
         wait_served(&gw, "gpt-4o");
         cloud.sim.die();
