@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod pair;
 pub mod random;
 pub mod realtime;
+pub mod responses;
 pub mod retry;
 pub mod routing;
 pub mod runtime;

@@ -170,6 +170,8 @@ pub struct Shard {
     traces: Option<ShardTraces>,
     /// Tenant budgets: this shard's leased allowances (None: no tenant rate limits).
     budgets: Option<Rc<ShardBudgets>>,
+    /// The Responses API's stored responses and conversations (src/responses/store/).
+    history: crate::responses::store::History,
 }
 
 /// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
@@ -188,6 +190,8 @@ pub struct Peers {
     pub traces: Option<flume::Sender<Vec<SpanRecord>>>,
     /// The tenant budget owner (None: no tenant rate limits).
     pub budget_owner: Option<flume::Sender<crate::budget::owner::BudgetMsg>>,
+    /// The Responses API's storage thread.
+    pub history: crate::responses::store::History,
 }
 
 /// How often a long-lived session looks for the drain.
@@ -257,6 +261,7 @@ impl Shard {
                 (Some(b), Some(owner)) => Some(Rc::new(ShardBudgets::new(Arc::clone(b), owner, cfg.cores))),
                 _ => None,
             },
+            history: peers.history,
             cfg,
         }
     }
@@ -591,6 +596,11 @@ impl Shard {
         // Unbounded: an outcome is never dropped, and at most one message per tick plus one
         // per failure is sent.
         let _ = self.control.send(ControlMsg::Report { shard: self.index, outcomes, loads });
+    }
+
+    /// The Responses API's storage.
+    pub(crate) fn history(&self) -> &crate::responses::store::History {
+        &self.history
     }
 
     /// A message for the control thread that carries its own reply channel.

@@ -4,6 +4,7 @@
 
 pub mod decisions;
 pub mod error;
+pub mod history;
 pub mod local;
 pub mod realtime;
 pub mod transcriptions;
@@ -31,6 +32,8 @@ pub struct EndpointSpec {
     pub body_streams: bool,
     /// A Realtime API route: served only by workers labeled `realtime: "true"`.
     pub realtime: bool,
+    /// A Responses turn the gateway serves itself (on gRPC workers; src/serve/responses.rs).
+    pub turn: bool,
 }
 
 const fn spec(
@@ -73,7 +76,7 @@ const fn spec(
             | b"/v1/realtime/client_secrets"
             | b"/v1/realtime/transcription_sessions"
     );
-    EndpointSpec { path, metric, id_prefix, schema, text, body_streams, realtime }
+    EndpointSpec { path, metric, id_prefix, schema, text, body_streams, realtime, turn: false }
 }
 
 /// Every inference endpoint forwarded to workers.
@@ -99,6 +102,10 @@ pub static ENDPOINTS: [EndpointSpec; 17] = [
     spec("/v1/realtime/transcription_sessions", "sess_", None, None),
 ];
 
+/// `POST /v1/responses` served by the gateway: a turn run as a chat on a gRPC worker and
+/// stored (the same path as `/v1/responses` in [`ENDPOINTS`], which HTTP workers are sent).
+pub static RESPONSES_TURN: EndpointSpec = EndpointSpec { turn: true, ..spec("/v1/responses", "resp_", None, None) };
+
 /// `GET /v1/realtime`, the WebSocket session: not in [`ENDPOINTS`] (those are POSTs).
 pub static REALTIME: EndpointSpec = spec("/v1/realtime", "rt-", None, None);
 
@@ -116,6 +123,8 @@ pub enum Action {
     Proxy(&'static EndpointSpec),
     /// `GET /v1/realtime`: a WebSocket session relayed to a realtime worker.
     Realtime(&'static EndpointSpec),
+    /// A stored response or conversation, answered from the history store.
+    History(history::HistoryOp),
     /// Answered by the worker control thread: the `/workers` API, fan-outs, and the
     /// pass-through worker-info routes.
     Control,
@@ -167,7 +176,7 @@ pub struct Route {
 impl Route {
     /// The body is read only for a request that will be forwarded.
     pub fn needs_body(&self) -> bool {
-        matches!(self.action, Action::Proxy(_) | Action::Control)
+        matches!(self.action, Action::Proxy(_) | Action::Control | Action::History(_))
     }
 
     /// Prefix of a request id the gateway generates for this route.
@@ -207,6 +216,10 @@ pub fn classify(method: Method, path: &[u8]) -> Route {
     if path == REALTIME.path.as_bytes() {
         let action = if method == Method::Get { Action::Realtime(&REALTIME) } else { Action::MethodNotAllowed };
         return Route { action, path: REALTIME.path, admin: false };
+    }
+    if let Some((op, label)) = history::classify(method, path) {
+        let action = op.map_or(Action::MethodNotAllowed, Action::History);
+        return Route { action, path: label, admin: false };
     }
     let (action, label) = match target(path) {
         None => (Action::NotFound, "other"),

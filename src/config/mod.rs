@@ -281,9 +281,56 @@ pub struct LaunchArgs {
     /// at error level and the gateway starts without budgets, as SMG does.
     #[arg(long, value_name = "PATH")]
     pub tenant_rate_limit_config: Option<std::path::PathBuf>,
-    /// Share tenant budgets with every replica through this Redis (redis://host:port).
-    #[arg(long, value_name = "URL")]
+    /// Share tenant budgets with every replica through this Redis (redis://host:port), and
+    /// with `--history-backend redis`, the stored responses and conversations.
+    #[arg(long, value_name = "URL", env = "REDIS_URL")]
     pub redis_url: Option<String>,
+    /// Where the Responses API's stored responses and conversations live.
+    #[arg(long, default_value = "memory", value_parser = ["memory", "none", "oracle", "postgres", "redis"])]
+    pub history_backend: String,
+    /// Most stored responses the memory backend keeps (the oldest go first).
+    #[arg(long, default_value_t = 10_000)]
+    pub history_memory_max_responses: usize,
+    /// Most conversation items the memory backend keeps (the oldest go first).
+    #[arg(long, default_value_t = 100_000)]
+    pub history_memory_max_items: usize,
+    /// How long the memory backend keeps a record, in seconds (0: until a count bound drops it).
+    #[arg(long, default_value_t = 86_400)]
+    pub history_memory_retention_secs: u64,
+    /// Request headers copied into a stored response's context: HEADER=CONTEXT_KEY.
+    #[arg(long, num_args = 0.., value_name = "HEADER=KEY")]
+    pub storage_context_headers: Vec<String>,
+    /// PostgreSQL for `--history-backend postgres` (postgres://user:pass@host:port/db).
+    #[arg(long, value_name = "URL", env = "POSTGRES_DB_URL")]
+    pub postgres_db_url: Option<String>,
+    /// Accepted for SMG compatibility: one multiplexed connection serves every call.
+    #[arg(long, default_value_t = 16, env = "POSTGRES_POOL_MAX")]
+    pub postgres_pool_max: u32,
+    /// Bound on each call to the PostgreSQL store; past it, 503 storage_unavailable.
+    #[arg(long, default_value_t = 5, env = "POSTGRES_OP_TIMEOUT_SECS")]
+    pub postgres_op_timeout_secs: u64,
+    /// Accepted for SMG compatibility: one multiplexed connection serves every call.
+    #[arg(long, default_value_t = 16, env = "REDIS_POOL_MAX")]
+    pub redis_pool_max: u32,
+    /// Redis history retention in days (at least 1; -1 keeps records).
+    #[arg(long, default_value_t = 30, env = "REDIS_RETENTION_DAYS", allow_negative_numbers = true)]
+    pub redis_retention_days: i64,
+    /// Bound on each call to the Redis store; past it, 503 storage_unavailable.
+    #[arg(long, default_value_t = 5, env = "REDIS_OP_TIMEOUT_SECS")]
+    pub redis_op_timeout_secs: u64,
+    /// MCP servers a Responses request may name by label (SMG's YAML).
+    #[arg(long, value_name = "PATH")]
+    pub mcp_config_path: Option<std::path::PathBuf>,
+}
+
+/// The Responses API's storage (`--history-backend`, `--storage-context-headers`).
+#[derive(Debug, Clone)]
+pub struct HistoryConfig {
+    pub backend: crate::responses::store::Backend,
+    /// Each storage call's bound.
+    pub within: Duration,
+    /// (lowercased request header, context key).
+    pub context_headers: Vec<(String, String)>,
 }
 
 /// What the configuration needs to know about the machine it runs on.
@@ -356,6 +403,7 @@ pub struct Config {
     /// Tenant budgets, when enabled and their file loaded.
     pub budgets: Option<Arc<BudgetConfig>>,
     pub redis_url: Option<String>,
+    pub history: HistoryConfig,
     /// Problems found while configuring that do not stop the start (logged once the log runs).
     pub startup_errors: Vec<String>,
     /// The OTLP collector, with --enable-trace.
@@ -451,6 +499,46 @@ impl LaunchArgs {
         buckets.sort_by(f64::total_cmp);
         buckets.dedup();
         Ok(Some(MetricsConfig { listen: SocketAddr::new(ip, self.prometheus_port), buckets }))
+    }
+
+    fn history_config(&self) -> Result<HistoryConfig, String> {
+        use crate::responses::store::{Backend, MemoryLimits};
+        let (backend, within) = match self.history_backend.as_str() {
+            "memory" => (
+                Backend::Memory(MemoryLimits {
+                    max_responses: self.history_memory_max_responses.max(1),
+                    max_items: self.history_memory_max_items.max(1),
+                    retention_secs: self.history_memory_retention_secs,
+                }),
+                Duration::from_secs(5),
+            ),
+            "none" => (Backend::None, Duration::from_secs(5)),
+            "redis" => {
+                let url = self.redis_url.clone().ok_or("--history-backend redis needs --redis-url")?;
+                if self.redis_retention_days == 0 || self.redis_retention_days < -1 {
+                    return Err("--redis-retention-days: at least 1, or -1 to keep records".into());
+                }
+                let within = positive("--redis-op-timeout-secs", self.redis_op_timeout_secs)?;
+                (Backend::Redis { url, retention_days: self.redis_retention_days }, within)
+            }
+            "postgres" => {
+                let url = self.postgres_db_url.clone().ok_or("--history-backend postgres needs --postgres-db-url")?;
+                let within = positive("--postgres-op-timeout-secs", self.postgres_op_timeout_secs)?;
+                (Backend::Postgres { url }, within)
+            }
+            other => return Err(format!("--history-backend {other}: not supported by this gateway")),
+        };
+        let context_headers = self
+            .storage_context_headers
+            .iter()
+            .map(|e| match e.split_once('=') {
+                Some((h, k)) if !h.is_empty() && !k.is_empty() => {
+                    Ok((h.trim().to_ascii_lowercase(), k.trim().to_string()))
+                }
+                _ => Err(format!("--storage-context-headers: '{e}' is not HEADER=CONTEXT_KEY")),
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(HistoryConfig { backend, within, context_headers })
     }
 
     fn admission_config(&self) -> Result<Option<AdmissionConfig>, String> {
@@ -591,6 +679,7 @@ impl LaunchArgs {
             log_dir: self.log_dir.clone(),
             budgets: budgets.map(Arc::new),
             redis_url: self.redis_url.clone(),
+            history: self.history_config()?,
             startup_errors,
             trace_endpoint: self.enable_trace.then(|| {
                 let e = self.otlp_traces_endpoint.trim();

@@ -26,7 +26,7 @@ pub struct Assembled {
 // === impl Assembled ===
 
 impl Assembled {
-    /// A 200 naming `worker_url`; `close`: the response says `connection: close`.
+    /// A 200 naming `worker_url` (unless empty); `close`: the response says `connection: close`.
     pub fn new(streaming: bool, close: bool, worker_url: &str, stamp: Stamp<'_>) -> Self {
         let raw = streaming && stamp.http10;
         let close = close || raw;
@@ -40,7 +40,10 @@ impl Assembled {
         } else {
             h.extend_from_slice(b"content-type: application/json\r\n");
         }
-        header_line(&mut h, b"x-smg-routed-worker-id", worker_url.as_bytes());
+        // Responses API answers do not name their worker (SMG's rule): they pass "".
+        if !worker_url.is_empty() {
+            header_line(&mut h, b"x-smg-routed-worker-id", worker_url.as_bytes());
+        }
         Stamp { close, ..stamp }.write(&mut h);
         Assembled { head: h, head_sent: false, streaming, raw, close, bytes: 0, first_byte: None, body: None }
     }

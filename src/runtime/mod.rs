@@ -158,6 +158,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         crate::error!("{e}");
     }
     let budget_owner = cfg.budgets.is_some().then(|| crate::budget::owner::start(cfg.redis_url.clone()));
+    let history = crate::responses::store::start(cfg.history.backend.clone(), cfg.history.within)?;
     let from_predecessor = !inherited.is_empty();
     let activated = if from_predecessor { inherited } else { systemd::listen_fds() };
     let traces = cfg.trace_endpoint.clone().map(crate::trace::exporter::start);
@@ -188,6 +189,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             heartbeats: heartbeats.clone(),
             traces: traces.clone(),
             budget_owner: budget_owner.clone(),
+            history: history.clone(),
         };
         let shard_cfg = ShardStart {
             index,

@@ -48,11 +48,16 @@ pub(super) async fn forward(
     ctx: &mut RequestCtx,
     spec: &EndpointSpec,
     body: &mut Body,
+    made: Option<grpc::GrpcRequest>,
 ) -> Outcome {
     let mut http = HttpRequest::new(spec, head, &client.buf);
     // gRPC workers with a text policy route on the prompt's token ids: tokenized before pick.
-    let mut on_grpc =
-        if shard.snapshot().any_grpc { grpc::early(shard, spec, ctx, body.bytes(&client.buf)) } else { None };
+    // A Responses turn comes with its chat request made.
+    let mut on_grpc = match made {
+        Some(g) => Some(g),
+        None if shard.snapshot().any_grpc => grpc::early(shard, spec, ctx, body.bytes(&client.buf)),
+        None => None,
+    };
     let mut watch = true;
     let mut fresh = false;
     // Workers this request failed on (allocates only on a retry).

@@ -35,6 +35,7 @@ mod error;
 mod finish;
 mod forward;
 mod grpc;
+mod history;
 mod inspect;
 mod isolate;
 mod merged;
@@ -45,6 +46,7 @@ mod pick;
 mod queue_wait;
 mod realtime;
 mod reserve;
+mod responses;
 mod stream_body;
 mod stream_form;
 mod upstream;
@@ -145,6 +147,16 @@ async fn request(
         }
         Action::Local(l) => return Outcome::Local(l),
         Action::Control => return control::ask(shard, client, head, ctx).await,
+        Action::History(op) => {
+            let body = match head.method {
+                crate::http::head::Method::Post => match body(shard, client, head, ctx).await {
+                    Ok(b) => Some(b),
+                    Err(o) => return o,
+                },
+                _ => None,
+            };
+            return history::serve(shard, &client.buf, head, ctx, op, body.as_ref()).await;
+        }
         Action::AdminNotImplemented => return reject(ApiError::admin_not_implemented(&path(client, head))),
         Action::NotFound => return reject(ApiError::route_not_found(&path(client, head))),
         Action::MethodNotAllowed => return reject(ApiError::method_not_allowed(&path(client, head))),
@@ -180,7 +192,10 @@ async fn request(
     if let Err(o) = reserve::reserve(shard, ctx, body.bytes(&client.buf).len()).await {
         return o;
     }
-    forward::forward(shard, client, head, ctx, spec, &mut body).await
+    if spec.path == api::history::RESPONSES && responses::served_here(shard, ctx) {
+        return responses::turn(shard, client, head, ctx, &mut body).await;
+    }
+    forward::forward(shard, client, head, ctx, spec, &mut body, None).await
 }
 
 /// Phase: authorize. Serving routes need a serving key when keys are configured and get
@@ -203,7 +218,7 @@ fn authorize(
             v => Err(deny(v)),
         };
     }
-    if let Action::Proxy(_) | Action::Realtime(_) = route.action {
+    if let Action::Proxy(_) | Action::Realtime(_) | Action::History(_) = route.action {
         let presented = if auth.serving_enabled() { authorization() } else { None };
         let tenant = match auth.check_serving(presented).map_err(deny)? {
             Some(key) => Tenant::Key(key),

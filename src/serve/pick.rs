@@ -31,6 +31,8 @@ fn decisions_eligible(w: &Worker) -> bool {
 /// worker. In a fleet where a model has both kinds, such a request goes to an HTTP worker.
 fn serves(spec: &EndpointSpec, w: &Worker) -> bool {
     match spec.schema {
+        // The gateway's Responses turns run as chats on gRPC workers.
+        _ if spec.turn => w.url.grpc && w.meta.role == Role::Regular,
         _ if served_by_all(spec) => true,
         // A pair serves generation only (chat, completions, `/generate`), as in SMG.
         _ if w.meta.role != Role::Regular => false,

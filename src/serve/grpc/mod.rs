@@ -19,6 +19,8 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
+use sonic_rs::{JsonValueMutTrait, JsonValueTrait};
+
 use smg_proto::paths::sglang_scheduler as path;
 use smg_proto::scheduler::{generate_response, EmbedResponse, GenerateResponse};
 use smg_wire::num::put_hex_width;
@@ -49,6 +51,8 @@ use crate::http::head::RequestHead;
 use crate::http::relay::RelayEnd;
 use crate::http::respond::Stamp;
 use crate::io::peer_closed;
+use crate::responses::events::Events;
+use crate::responses::plan::TurnPlan;
 use crate::shard::Shard;
 use crate::workers::admin::AdminReply;
 use crate::workers::breaker::Verdict;
@@ -59,6 +63,8 @@ use crate::workers::WorkerId;
 pub struct GrpcRequest {
     route: Route,
     id_prefix: &'static str,
+    /// A Responses turn: the chat answer is reshaped into the response and stored.
+    turn: Option<TurnPlan>,
 }
 
 /// What the engine is asked to do.
@@ -100,7 +106,13 @@ impl GrpcRequest {
                 Route::Generate { kind, doc, prepared: None }
             }
         };
-        Ok(GrpcRequest { route, id_prefix: spec.id_prefix })
+        Ok(GrpcRequest { route, id_prefix: spec.id_prefix, turn: None })
+    }
+
+    /// A Responses turn, as the chat request `chat` (src/responses/turn.rs).
+    pub fn turn(chat: sonic_rs::Value, plan: TurnPlan) -> Self {
+        let route = Route::Generate { kind: Kind::Chat, doc: chat, prepared: None };
+        GrpcRequest { route, id_prefix: "resp_", turn: Some(plan) }
     }
 
     /// The first engine request's prompt, once prepared: what a text policy routes on.
@@ -373,7 +385,8 @@ pub async fn relay(
 ) -> Result<Outcome, WorkerError> {
     match (begun.0, &req.route) {
         (Began::Generating { target, started, id }, Route::Generate { kind, prepared: Some((model, prep)), .. }) => {
-            respond(shard, client, head, ctx, *kind, model, prep, &id, target, started).await
+            let turn = req.turn.as_ref();
+            respond(shard, client, head, ctx, *kind, model, prep, &id, target, started, turn).await
         }
         (Began::Whole { worker, body, input_tokens }, _) => {
             ctx.judge(worker, Verdict::Success);
@@ -415,6 +428,7 @@ async fn respond(
     id: &str,
     target: Target,
     started: Started,
+    turn: Option<&TurnPlan>,
 ) -> Result<Outcome, WorkerError> {
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let model_name = ctx.model.clone().unwrap_or_default();
@@ -431,7 +445,10 @@ async fn respond(
     });
     let date = shard.date();
     let stamp = Stamp { request_id: &ctx.request_id, date: &date, close: false, http10: ctx.http10 };
-    let mut out = Assembled::new(prep.stream, announce_close(ctx, Some(head)), &target.url, stamp);
+    // A Responses answer does not name its worker (SMG's rule).
+    let named = if turn.is_some() { "" } else { target.url.as_str() };
+    let mut out = Assembled::new(prep.stream, announce_close(ctx, Some(head)), named, stamp);
+    let mut shape = Shape { events: turn.map(|t| Events::new(t.shell.clone())), scratch: Vec::new() };
     let mut failure: Option<Status> = None;
     let mut gone = false;
     let mut watch = true;
@@ -481,7 +498,7 @@ async fn respond(
             // The events of messages that arrived together go out in one write, not one write
             // per token.
             if !asm.pending().is_empty() && !call.has_message() {
-                if !out.send(&mut client.stream, asm.pending()).await {
+                if !out.send(&mut client.stream, shape.of(asm.pending())).await {
                     gone = true;
                     abort_all(&target, std::iter::once(rid.clone()));
                     break;
@@ -490,7 +507,7 @@ async fn respond(
             }
         }
         if !gone && !asm.pending().is_empty() {
-            if !out.send(&mut client.stream, asm.pending()).await {
+            if !out.send(&mut client.stream, shape.of(asm.pending())).await {
                 gone = true;
             }
             asm.sent();
@@ -518,20 +535,86 @@ async fn respond(
             }
             ctx.judge(target.id, Verdict::Failure);
             asm.fail(&s);
-            out.send(&mut client.stream, asm.pending()).await;
+            out.send(&mut client.stream, shape.of(asm.pending())).await;
+            if let Some(events) = shape.events.as_mut() {
+                // `response.failed`, not stored.
+                let mut last = Vec::new();
+                let (object, _, _) = events.end(&mut last);
+                events.completed(object, &mut last);
+                out.send(&mut client.stream, &last).await;
+            }
             return Ok(end(out, client, ctx, usage, RelayEnd::Worker { why, sent: true }).await);
         }
     };
     ctx.judge(target.id, Verdict::Success);
-    match answer {
-        Answer::Events => {
+    match (answer, turn) {
+        (Answer::Events, None) => {
             if !out.send(&mut client.stream, asm.pending()).await {
                 return Ok(Outcome::ClientGone);
             }
         }
-        Answer::Body(body) => out.whole(body),
+        (Answer::Body(body), None) => out.whole(body),
+        (Answer::Events, Some(turn)) => {
+            let Some(events) = shape.events.as_mut() else { unreachable!("a turn has its event stream") };
+            let mut last = Vec::new();
+            events.feed(asm.pending(), &mut last);
+            let (mut object, output, _) = events.end(&mut last);
+            store(shard, ctx, turn, &mut object, &output).await;
+            events.completed(object, &mut last);
+            if !out.send(&mut client.stream, &last).await {
+                return Ok(Outcome::ClientGone);
+            }
+        }
+        (Answer::Body(body), Some(turn)) => {
+            let chat: sonic_rs::Value = sonic_rs::from_slice(&body).unwrap_or_default();
+            let (output, ending) = crate::responses::answer::output_of_chat(&chat);
+            let usage = crate::responses::answer::Usage::of_chat(chat.get("usage"));
+            let mut object = turn.shell.object(Some(ending), &output, Some(usage));
+            store(shard, ctx, turn, &mut object, &output).await;
+            out.whole(sonic_rs::to_vec(&object).unwrap_or_default());
+        }
     }
     Ok(end(out, client, ctx, usage, RelayEnd::Done { reusable: false }).await)
+}
+
+/// A Responses turn's stream: the chat events the assembler writes, reshaped.
+struct Shape {
+    events: Option<Events>,
+    scratch: Vec<u8>,
+}
+
+impl Shape {
+    /// The bytes to write for the assembler's `chat` events.
+    fn of<'a>(&'a mut self, chat: &'a [u8]) -> &'a [u8] {
+        match self.events.as_mut() {
+            None => chat,
+            Some(e) => {
+                self.scratch.clear();
+                e.feed(chat, &mut self.scratch);
+                &self.scratch
+            }
+        }
+    }
+}
+
+/// Stores a finished turn before its last event or its body goes out. A store that fails
+/// is said in the answer (`store: false`): a response reported stored is one that was.
+async fn store(
+    shard: &Shard,
+    ctx: &RequestCtx,
+    turn: &TurnPlan,
+    object: &mut sonic_rs::Value,
+    output: &[sonic_rs::Value],
+) {
+    for op in turn.writes(object, output) {
+        if let Err(e) = shard.history().ask(op).await {
+            crate::warn!("request {}: response {} not stored: {}", ctx.id_str(), turn.shell.id, e.0);
+            if let Some(o) = object.as_object_mut() {
+                o.insert("store", false);
+            }
+            return;
+        }
+    }
 }
 
 /// Ends the assembled response and tells `finish` how it went.

@@ -1,0 +1,103 @@
+//! The storage thread, `smg-history`: owns the backend and answers the shards' [`Ask`]s.
+//! Memory answers each call in turn on a plain thread (a map lookup; no runtime). A remote
+//! backend (Redis, PostgreSQL) runs on a current-thread tokio runtime, the calls concurrent,
+//! because their client crates need tokio and a round trip must not hold up the next call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::postgres_store::PostgresHistory;
+use super::redis_store::RedisHistory;
+use super::{Ask, Backend, History, Memory, Op, Reply, Unavailable};
+
+/// A backend across the network: every call is its own task.
+pub(crate) trait Remote: Send + Sync + 'static {
+    fn apply(&self, op: Op, now: u64) -> Pin<Box<dyn Future<Output = Result<Reply, Unavailable>> + Send + '_>>;
+}
+
+/// Unix seconds: the records' `created_at` and the memory bounds' clock.
+#[allow(clippy::disallowed_methods)] // Wall-clock time is what a record's timestamp is.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Starts the storage thread for `backend`; `within` bounds each call a shard makes.
+/// Err: a remote backend that cannot be reached at start (the gateway does not start, as
+/// SMG does not).
+pub(crate) fn start(backend: Backend, within: Duration) -> Result<History, String> {
+    let (tx, rx) = flume::unbounded::<Ask>();
+    let stores = backend != Backend::None;
+    let (ready_tx, ready_rx) = flume::bounded::<Result<(), String>>(1);
+    std::thread::Builder::new()
+        .name("smg-history".into())
+        .spawn(move || match backend {
+            Backend::Memory(limits) => {
+                let _ = ready_tx.send(Ok(()));
+                let mut m = Memory::new(limits);
+                for ask in rx.iter() {
+                    let _ = ask.reply.send(Ok(m.apply(ask.op, unix_now())));
+                }
+            }
+            Backend::None => {
+                let _ = ready_tx.send(Ok(()));
+                for ask in rx.iter() {
+                    let _ = ask.reply.send(Ok(nothing_stored(&ask.op)));
+                }
+            }
+            remote => {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("history store runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let store = match connect(remote, within).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    while let Ok(ask) = rx.recv_async().await {
+                        let store = Arc::clone(&store);
+                        tokio::spawn(async move {
+                            let r = store.apply(ask.op, unix_now()).await;
+                            let _ = ask.reply.send(r);
+                        });
+                    }
+                });
+            }
+        })
+        .map_err(|e| format!("history store thread: {e}"))?;
+    ready_rx.recv().map_err(|_| "history store thread ended at start".to_string())??;
+    Ok(History::new(tx, within, stores))
+}
+
+/// `--history-backend none`: every read finds nothing, every write is dropped.
+fn nothing_stored(op: &Op) -> Reply {
+    match op {
+        Op::GetResponse(_) => Reply::Response(None),
+        Op::Chain(_) => Reply::Chain(None),
+        Op::GetConversation(_) => Reply::Conversation(None),
+        Op::ListItems { .. } => Reply::Items(Vec::new()),
+        Op::GetItem { .. } => Reply::Item(None),
+        Op::DeleteResponse(_) | Op::DeleteConversation(_) | Op::DeleteItem { .. } => Reply::Deleted(false),
+        Op::PutResponse(_) | Op::PutConversation(_) | Op::AppendItems { .. } => Reply::Done,
+    }
+}
+
+/// The remote backend, connected (Err: the server cannot be reached within `within`).
+async fn connect(backend: Backend, within: Duration) -> Result<Arc<dyn Remote>, String> {
+    match backend {
+        Backend::Redis { url, retention_days } => {
+            Ok(Arc::new(RedisHistory::connect(&url, retention_days, within).await?))
+        }
+        Backend::Postgres { url } => Ok(Arc::new(PostgresHistory::connect(&url, within).await?)),
+        Backend::Memory(_) | Backend::None => unreachable!("local backends have no connection"),
+    }
+}
