@@ -172,6 +172,7 @@ pub struct Shard {
     budgets: Option<Rc<ShardBudgets>>,
     /// The Responses API's stored responses and conversations (src/responses/store/).
     history: crate::responses::store::History,
+    mcp: crate::responses::mcp::Mcp,
 }
 
 /// A shard's channels to its peers: the bounded inbox (digests, loads, drain; may drop) and
@@ -192,6 +193,8 @@ pub struct Peers {
     pub budget_owner: Option<flume::Sender<crate::budget::owner::BudgetMsg>>,
     /// The Responses API's storage thread.
     pub history: crate::responses::store::History,
+    /// The MCP thread (the Responses API's MCP tools).
+    pub mcp: crate::responses::mcp::Mcp,
 }
 
 /// How often a long-lived session looks for the drain.
@@ -262,6 +265,7 @@ impl Shard {
                 _ => None,
             },
             history: peers.history,
+            mcp: peers.mcp,
             cfg,
         }
     }
@@ -601,6 +605,11 @@ impl Shard {
     /// The Responses API's storage.
     pub(crate) fn history(&self) -> &crate::responses::store::History {
         &self.history
+    }
+
+    /// The MCP thread.
+    pub(crate) fn mcp(&self) -> &crate::responses::mcp::Mcp {
+        &self.mcp
     }
 
     /// A message for the control thread that carries its own reply channel.

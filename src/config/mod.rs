@@ -404,6 +404,8 @@ pub struct Config {
     pub budgets: Option<Arc<BudgetConfig>>,
     pub redis_url: Option<String>,
     pub history: HistoryConfig,
+    /// `--mcp-config-path`: MCP servers a Responses request may name by label.
+    pub mcp: Option<Arc<crate::responses::mcp::McpConfig>>,
     /// Problems found while configuring that do not stop the start (logged once the log runs).
     pub startup_errors: Vec<String>,
     /// The OTLP collector, with --enable-trace.
@@ -680,6 +682,10 @@ impl LaunchArgs {
             budgets: budgets.map(Arc::new),
             redis_url: self.redis_url.clone(),
             history: self.history_config()?,
+            mcp: match &self.mcp_config_path {
+                Some(p) => Some(Arc::new(crate::responses::mcp::McpConfig::load(p)?)),
+                None => None,
+            },
             startup_errors,
             trace_endpoint: self.enable_trace.then(|| {
                 let e = self.otlp_traces_endpoint.trim();

@@ -36,6 +36,13 @@ impl Usage {
         })
     }
 
+    pub(crate) fn add(&mut self, o: Usage) {
+        self.input += o.input;
+        self.cached += o.cached;
+        self.output += o.output;
+        self.reasoning += o.reasoning;
+    }
+
     /// From a chat answer's `usage`.
     pub(crate) fn of_chat(u: Option<&Value>) -> Usage {
         let n = |p: &[&str]| {
@@ -58,15 +65,16 @@ impl Usage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ending {
     Completed,
-    /// The output token limit cut it (`finish_reason: length`).
-    Incomplete,
+    /// Cut short: `max_output_tokens` (the engine's `finish_reason: length`), or
+    /// `max_tool_calls` (the MCP loop's bound).
+    Incomplete(&'static str),
     Failed,
 }
 
 impl Ending {
     pub(crate) fn of_finish(reason: Option<&str>) -> Ending {
         match reason {
-            Some("length") => Ending::Incomplete,
+            Some("length") => Ending::Incomplete("max_output_tokens"),
             _ => Ending::Completed,
         }
     }
@@ -79,7 +87,14 @@ impl Shell {
         let opt = |s: &Option<String>| s.as_deref().map_or(Value::new_null(), Value::from);
         let num = |f: Option<f64>, d: f64| Value::new_f64(f.unwrap_or(d)).unwrap_or_default();
         let mut tools: Vec<Value> = turn.tools.clone();
-        tools.extend(turn.mcp.iter().cloned());
+        // An MCP server's credentials are sent to it, never echoed or stored.
+        tools.extend(turn.mcp.iter().map(|t| {
+            let kept: Vec<(&str, &Value)> = t
+                .as_object()
+                .map(|o| o.iter().filter(|(k, _)| !matches!(*k, "authorization" | "headers")).collect())
+                .unwrap_or_default();
+            ordered(&kept)
+        }));
         let conversation = turn.conversation.as_deref().map_or(Value::new_null(), |c| json!({"id": c}));
         let echo = vec![
             ("instructions", opt(&turn.instructions)),
@@ -107,7 +122,7 @@ impl Shell {
         let status = match ending {
             None => "in_progress",
             Some(Ending::Completed) => "completed",
-            Some(Ending::Incomplete) => "incomplete",
+            Some(Ending::Incomplete(_)) => "incomplete",
             Some(Ending::Failed) => "failed",
         };
         let error = match ending {
@@ -115,7 +130,7 @@ impl Shell {
             _ => Value::new_null(),
         };
         let incomplete = match ending {
-            Some(Ending::Incomplete) => json!({"reason": "max_output_tokens"}),
+            Some(Ending::Incomplete(reason)) => json!({"reason": reason}),
             _ => Value::new_null(),
         };
         let (id, created, output) =
@@ -201,6 +216,55 @@ pub(crate) fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, st
     ])
 }
 
+/// A server's tools as the response lists them (`mcp_list_tools`).
+pub(crate) fn listing_item(id: &str, label: &str, tools: &[crate::responses::mcp::Tool]) -> Value {
+    let tools: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            let description = t.description.as_deref().map_or(Value::new_null(), Value::from);
+            ordered(&[
+                ("name", &Value::from(t.name.as_str())),
+                ("description", &description),
+                ("input_schema", &t.input_schema),
+                ("annotations", &t.annotations),
+            ])
+        })
+        .collect();
+    ordered(&[
+        ("type", &Value::from("mcp_list_tools")),
+        ("id", &Value::from(id)),
+        ("server_label", &Value::from(label)),
+        ("tools", &tools.into()),
+        ("error", &Value::new_null()),
+    ])
+}
+
+/// A call the gateway ran on an MCP server (`mcp_call`): its output, or its error.
+pub(crate) fn mcp_call_item(
+    id: &str,
+    label: &str,
+    name: &str,
+    arguments: &str,
+    result: Option<&Result<String, String>>,
+) -> Value {
+    let (output, error, status) = match result {
+        None => (Value::new_null(), Value::new_null(), "in_progress"),
+        Some(Ok(o)) => (Value::from(o.as_str()), Value::new_null(), "completed"),
+        Some(Err(e)) => (Value::new_null(), Value::from(e.as_str()), "failed"),
+    };
+    ordered(&[
+        ("type", &Value::from("mcp_call")),
+        ("id", &Value::from(id)),
+        ("server_label", &Value::from(label)),
+        ("name", &Value::from(name)),
+        ("arguments", &Value::from(arguments)),
+        ("output", &output),
+        ("error", &error),
+        ("status", &Value::from(status)),
+        ("approval_request_id", &Value::new_null()),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,7 +292,7 @@ mod tests {
     fn the_object_echoes_the_request_and_says_why_it_is_incomplete() {
         let turn = Turn::read(br#"{"model":"m","input":"x","max_output_tokens":3,"metadata":{"k":"v"}}"#).unwrap();
         let shell = Shell::new(&turn, "resp_1".into(), 5, "m");
-        let o = shell.object(Some(Ending::Incomplete), &[], Some(Usage::default()));
+        let o = shell.object(Some(Ending::Incomplete("max_output_tokens")), &[], Some(Usage::default()));
         assert_eq!(o["status"].as_str(), Some("incomplete"));
         assert_eq!(o["incomplete_details"]["reason"].as_str(), Some("max_output_tokens"));
         assert_eq!(o["max_output_tokens"].as_u64(), Some(3));

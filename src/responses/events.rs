@@ -9,9 +9,9 @@
 //! `completed` writes `response.completed`. SSE event names equal `type`;
 //! `sequence_number` counts from 0.
 
-use sonic_rs::{json, JsonContainerTrait, JsonValueTrait, Value};
+use sonic_rs::{json, JsonContainerTrait, JsonValueMutTrait, JsonValueTrait, Value};
 
-use super::answer::{call_item, message_item, reasoning_item, Ending, Shell, Usage};
+use super::answer::{call_item, mcp_call_item, message_item, reasoning_item, Ending, Shell, Usage};
 use super::turn::new_id;
 
 #[derive(Debug, PartialEq)]
@@ -25,14 +25,26 @@ enum Open {
         id: String,
         text: String,
     },
-    /// A chat tool call (`index`), as a `function_call` item.
+    /// A chat tool call (`index`), as a `function_call` item, or an `mcp_call` item when it
+    /// names an MCP server's tool (`mcp`: the server's label).
     Call {
         index: u64,
         id: String,
         call_id: String,
         name: String,
         arguments: String,
+        mcp: Option<String>,
     },
+}
+
+/// An MCP call the model made, for the relay to run (`mcp_done` reports it).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PendingCall {
+    pub index: usize,
+    pub id: String,
+    pub label: String,
+    pub name: String,
+    pub arguments: String,
 }
 
 /// One response's event stream.
@@ -45,6 +57,14 @@ pub(crate) struct Events {
     finish: Option<String>,
     failed: bool,
     started: bool,
+    /// MCP tools the model was offered: (tool name, server label).
+    mcp: Vec<(String, String)>,
+    /// This round's MCP calls, not run yet.
+    pending: Vec<PendingCall>,
+    /// This round made a call of a function the client runs.
+    plain_calls: bool,
+    /// How the response ends when the relay decided it (the MCP loop's bound).
+    ending: Option<Ending>,
     /// Chat SSE bytes not yet a whole event.
     partial: Vec<u8>,
 }
@@ -62,6 +82,10 @@ impl Events {
             finish: None,
             failed: false,
             started: false,
+            mcp: Vec::new(),
+            pending: Vec::new(),
+            plain_calls: false,
+            ending: None,
             partial: Vec::new(),
         }
     }
@@ -124,7 +148,8 @@ impl Events {
             return;
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            self.usage = Usage::of_chat(Some(u));
+            // One usage chunk per generation; an MCP loop's generations add up.
+            self.usage.add(Usage::of_chat(Some(u)));
         }
         let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else { return };
         if let Some(f) = choice.get("finish_reason").and_then(|f| f.as_str()) {
@@ -187,21 +212,42 @@ impl Events {
         let same = matches!(&self.open, Open::Call { index: i, .. } if *i == index);
         if !same {
             self.close(out);
-            let id = new_id("fc");
             let call_id = c.get("id").and_then(|v| v.as_str()).unwrap_or("").to_string();
             let name = f("name").to_string();
-            let item = call_item(&id, &call_id, &name, "", "in_progress");
-            self.emit(out, "response.output_item.added", json!({"output_index": self.index(), "item": item}));
-            self.open = Open::Call { index, id, call_id, name, arguments: String::new() };
+            let mcp = self.mcp.iter().find(|(t, _)| *t == name).map(|(_, l)| l.clone());
+            let at = self.index();
+            let id = match &mcp {
+                Some(label) => {
+                    let id = new_id("mcp");
+                    let item = mcp_call_item(&id, label, &name, "", None);
+                    self.emit(out, "response.output_item.added", json!({"output_index": at, "item": item}));
+                    self.emit(
+                        out,
+                        "response.mcp_call.in_progress",
+                        json!({"output_index": at, "item_id": id.as_str()}),
+                    );
+                    id
+                }
+                None => {
+                    self.plain_calls = true;
+                    let id = new_id("fc");
+                    let item = call_item(&id, &call_id, &name, "", "in_progress");
+                    self.emit(out, "response.output_item.added", json!({"output_index": at, "item": item}));
+                    id
+                }
+            };
+            self.open = Open::Call { index, id, call_id, name, arguments: String::new(), mcp };
         }
         let delta = f("arguments");
         if delta.is_empty() {
             return;
         }
-        let Open::Call { id, arguments, .. } = &mut self.open else { unreachable!() };
+        let Open::Call { id, arguments, mcp, .. } = &mut self.open else { unreachable!() };
         arguments.push_str(delta);
+        let kind =
+            if mcp.is_some() { "response.mcp_call_arguments.delta" } else { "response.function_call_arguments.delta" };
         let body = json!({"item_id": id.as_str(), "output_index": self.output.len(), "delta": delta});
-        self.emit(out, "response.function_call_arguments.delta", body);
+        self.emit(out, kind, body);
     }
 
     /// Closes the open item: its `.done` events.
@@ -223,21 +269,95 @@ impl Events {
                 self.emit(out, "response.reasoning_text.done", body);
                 reasoning_item(&id, &text)
             }
-            Open::Call { id, call_id, name, arguments, .. } => {
+            Open::Call { id, call_id, name, arguments, mcp: None, .. } => {
                 let body = json!({"item_id": id.as_str(), "output_index": index, "name": name.as_str(), "arguments": arguments.as_str()});
                 self.emit(out, "response.function_call_arguments.done", body);
                 call_item(&id, &call_id, &name, &arguments, "completed")
+            }
+            Open::Call { id, name, arguments, mcp: Some(label), .. } => {
+                // Run by the relay after the generation; `mcp_done` finishes the item.
+                let body = json!({"item_id": id.as_str(), "output_index": index, "arguments": arguments.as_str()});
+                self.emit(out, "response.mcp_call_arguments.done", body);
+                let item = mcp_call_item(&id, &label, &name, &arguments, None);
+                self.pending.push(PendingCall { index, id, label, name, arguments });
+                self.output.push(item);
+                return;
             }
         };
         self.emit(out, "response.output_item.done", json!({"output_index": index, "item": item.clone()}));
         self.output.push(item);
     }
 
+    /// The MCP tools offered (tool name, server label), and their servers' listings, which
+    /// open the output.
+    pub(crate) fn mcp(&mut self, tools: Vec<(String, String)>, listings: &[Value], out: &mut Vec<u8>) {
+        self.start(out);
+        self.mcp = tools;
+        for item in listings {
+            let index = self.index();
+            let id = item.get("id").and_then(|i| i.as_str()).unwrap_or("").to_string();
+            let mut added = item.clone();
+            if let Some(o) = added.as_object_mut() {
+                o.insert("tools", Value::new_array());
+            }
+            self.emit(
+                out,
+                "response.output_item.added",
+                super::ordered(&[("output_index", &index.into()), ("item", &added)]),
+            );
+            let body = json!({"output_index": index, "item_id": id.as_str()});
+            self.emit(out, "response.mcp_list_tools.in_progress", body.clone());
+            self.emit(out, "response.mcp_list_tools.completed", body);
+            self.emit(
+                out,
+                "response.output_item.done",
+                super::ordered(&[("output_index", &index.into()), ("item", item)]),
+            );
+            self.output.push(item.clone());
+        }
+    }
+
+    /// A generation of the MCP loop ended: its open item closed; the MCP calls it made, to
+    /// run, and whether it also called a function the client runs.
+    pub(crate) fn round(&mut self, out: &mut Vec<u8>) -> (Vec<PendingCall>, bool) {
+        self.close(out);
+        (std::mem::take(&mut self.pending), std::mem::replace(&mut self.plain_calls, false))
+    }
+
+    /// An MCP call's outcome: `response.mcp_call.completed` (or `.failed`) and its item done.
+    pub(crate) fn mcp_done(&mut self, call: &PendingCall, result: &Result<String, String>, out: &mut Vec<u8>) {
+        let item = mcp_call_item(&call.id, &call.label, &call.name, &call.arguments, Some(result));
+        let kind = if result.is_ok() { "response.mcp_call.completed" } else { "response.mcp_call.failed" };
+        self.emit(out, kind, json!({"output_index": call.index, "item_id": call.id.as_str()}));
+        self.emit(
+            out,
+            "response.output_item.done",
+            super::ordered(&[("output_index", &call.index.into()), ("item", &item)]),
+        );
+        if let Some(slot) = self.output.get_mut(call.index) {
+            *slot = item;
+        }
+    }
+
+    /// The output so far (what the next generation of the MCP loop reads).
+    pub(crate) fn output(&self) -> &[Value] {
+        &self.output
+    }
+
+    /// The response ends so, whatever the engine said last.
+    pub(crate) fn set_ending(&mut self, ending: Ending) {
+        self.ending = Some(ending);
+    }
+
     /// The chat stream ended: closes the open item; the final object, its items and usage.
     pub(crate) fn end(&mut self, out: &mut Vec<u8>) -> (Value, Vec<Value>, Usage) {
         self.start(out);
         self.close(out);
-        let ending = if self.failed { Ending::Failed } else { Ending::of_finish(self.finish.as_deref()) };
+        let ending = match self.ending {
+            _ if self.failed => Ending::Failed,
+            Some(e) => e,
+            None => Ending::of_finish(self.finish.as_deref()),
+        };
         let o = self.shell.object(Some(ending), &self.output, Some(self.usage));
         (o, self.output.clone(), self.usage)
     }
@@ -367,5 +487,48 @@ mod tests {
         let chat = [chunk(r#"{"content":"a"}"#, None), "data: {\"error\":{\"message\":\"x\"}}\n\n".into()];
         let ev = run(&chat, 3);
         assert_eq!(ev.last().unwrap()["type"].as_str(), Some("response.failed"));
+    }
+
+    #[test]
+    fn an_mcp_call_is_held_until_run_and_then_reported_in_place() {
+        let turn = Turn::read(br#"{"model":"m","input":"x"}"#).unwrap();
+        let mut e = Events::new(Shell::new(&turn, "resp_1".into(), 1, "m"));
+        let mut out = Vec::new();
+        let listing = sonic_rs::json!({"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "wx", "tools": []});
+        e.mcp(vec![("get_weather".into(), "wx".into())], &[listing], &mut out);
+        let chat = [
+            chunk(r#"{"content":"Let me see."}"#, None),
+            chunk(
+                r#"{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}"#,
+                Some("tool_calls"),
+            ),
+        ];
+        e.feed(chat.concat().as_bytes(), &mut out);
+        let (pending, plain) = e.round(&mut out);
+        assert!(!plain);
+        assert_eq!(pending.len(), 1);
+        assert_eq!((pending[0].index, pending[0].label.as_str()), (2, "wx"));
+        e.mcp_done(&pending[0], &Ok("21 C".into()), &mut out);
+        e.feed(chunk(r#"{"content":"It is 21 C."}"#, Some("stop")).as_bytes(), &mut out);
+        let (o, output, _) = e.end(&mut out);
+        e.completed(o, &mut out);
+        let ev = events(&out);
+        let kinds: Vec<&str> = ev.iter().map(|v| v["type"].as_str().unwrap()).collect();
+        let mcp: Vec<&str> = kinds.iter().copied().filter(|k| k.contains("mcp")).collect();
+        assert_eq!(
+            mcp,
+            [
+                "response.mcp_list_tools.in_progress",
+                "response.mcp_list_tools.completed",
+                "response.mcp_call.in_progress",
+                "response.mcp_call_arguments.delta",
+                "response.mcp_call_arguments.done",
+                "response.mcp_call.completed"
+            ]
+        );
+        let types: Vec<&str> = output.iter().map(|i| i["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["mcp_list_tools", "message", "mcp_call", "message"]);
+        assert_eq!(output[2]["output"].as_str(), Some("21 C"));
+        assert_eq!(output[2]["status"].as_str(), Some("completed"));
     }
 }

@@ -6,6 +6,7 @@
 
 pub(crate) mod answer;
 pub(crate) mod events;
+pub mod mcp;
 pub(crate) mod plan;
 pub mod store;
 pub(crate) mod turn;

@@ -4,13 +4,45 @@
 use sonic_rs::{JsonValueTrait, Value};
 
 use super::answer::Shell;
+use super::mcp::Server;
 use super::store::{Item, Op, StoredResponse};
+use super::turn::Turn;
+
+/// A turn's MCP servers, their tools offered to the model, and the loop's bound.
+#[derive(Debug)]
+pub(crate) struct McpPlan {
+    /// Each server, and the session its tools were listed in.
+    pub servers: Vec<(Server, Option<String>)>,
+    /// Tool name → its server (index in `servers`).
+    pub tools: Vec<(String, usize)>,
+    /// The `mcp_list_tools` items that open the output.
+    pub listings: Vec<Value>,
+    /// The tools as chat tools.
+    pub chat_tools: Vec<Value>,
+    /// Most calls the loop runs (`max_tool_calls`, else the gateway's bound).
+    pub max_calls: usize,
+}
+
+impl McpPlan {
+    /// The server of the tool `name`, if it is an MCP tool.
+    pub(crate) fn server_of(&self, name: &str) -> Option<&(Server, Option<String>)> {
+        self.tools.iter().find(|(t, _)| t == name).map(|(_, i)| &self.servers[*i])
+    }
+
+    /// (tool name, server label) of every tool.
+    pub(crate) fn labels(&self) -> Vec<(String, String)> {
+        self.tools.iter().map(|(t, i)| (t.clone(), self.servers[*i].0.label.clone())).collect()
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct TurnPlan {
+    /// The request, for each generation the MCP loop runs.
+    pub turn: Turn,
+    /// The history the turn follows (earlier items, oldest first).
+    pub prior: Vec<Value>,
+    pub mcp: Option<McpPlan>,
     pub shell: Shell,
-    /// This turn's input items, stored shape.
-    pub input: Vec<Value>,
     pub previous: Option<String>,
     pub conversation: Option<String>,
     /// `store` asked for, and a backend that stores.
@@ -34,7 +66,7 @@ impl TurnPlan {
                 previous: self.previous.clone(),
                 conversation: self.conversation.clone(),
                 created_at: self.shell.created_at,
-                input: self.input.iter().map(json).collect(),
+                input: self.turn.input.iter().map(json).collect(),
                 output: output.iter().map(json).collect(),
                 body: json(object),
                 context: self.context.clone(),
@@ -42,6 +74,7 @@ impl TurnPlan {
         }
         if let Some(c) = &self.conversation {
             let items = self
+                .turn
                 .input
                 .iter()
                 .chain(output.iter())
@@ -54,5 +87,19 @@ impl TurnPlan {
             ops.push(Op::AppendItems { conversation: c.clone(), items });
         }
         ops
+    }
+}
+
+// === impl TurnPlan ===
+
+impl TurnPlan {
+    /// The chat request of the MCP loop's next generation: the history, the input, and the
+    /// output so far (its MCP calls with their outputs).
+    pub(crate) fn next_chat(&self, output: &[Value], stream: bool) -> Value {
+        let mut items = self.prior.clone();
+        items.extend(self.turn.input.iter().cloned());
+        items.extend(output.iter().cloned());
+        let tools = self.mcp.as_ref().map_or(&[][..], |m| &m.chat_tools[..]);
+        self.turn.chat_after(&items, tools, stream)
     }
 }

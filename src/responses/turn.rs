@@ -31,6 +31,8 @@ pub(crate) struct Turn {
     pub top_p: Option<f64>,
     pub max_output_tokens: Option<u64>,
     pub parallel_tool_calls: bool,
+    /// `max_tool_calls`: most tool calls the gateway runs in this turn (MCP).
+    pub max_tool_calls: Option<u64>,
     pub metadata: Value,
     pub text: Value,
     pub reasoning: Value,
@@ -246,6 +248,7 @@ impl Turn {
             top_p: opt_f64(&doc, "top_p")?,
             max_output_tokens,
             parallel_tool_calls: flag("parallel_tool_calls", true),
+            max_tool_calls: doc.get("max_tool_calls").and_then(|v| v.as_u64()),
             metadata: or("metadata", Value::new_object()),
             text: or("text", json!({"format": {"type": "text"}})),
             reasoning: or("reasoning", json!({"effort": null, "summary": null})),
@@ -257,11 +260,18 @@ impl Turn {
     /// turn's input; `extra_tools` are chat-shaped tools offered beside the function tools
     /// (the MCP servers' tools).
     pub(crate) fn chat(&self, history: &[Value], extra_tools: &[Value], stream: bool) -> Value {
-        let mut messages: Vec<Value> = Vec::with_capacity(history.len() + self.input.len() + 1);
+        let mut items = history.to_vec();
+        items.extend(self.input.iter().cloned());
+        self.chat_after(&items, extra_tools, stream)
+    }
+
+    /// The chat body for `items`, every item the model reads after the instructions.
+    pub(crate) fn chat_after(&self, items: &[Value], extra_tools: &[Value], stream: bool) -> Value {
+        let mut messages: Vec<Value> = Vec::with_capacity(items.len() + 1);
         if let Some(i) = &self.instructions {
             messages.push(json!({"role": "system", "content": i.as_str()}));
         }
-        for item in history.iter().chain(self.input.iter()) {
+        for item in items {
             push_message(&mut messages, item);
         }
         let mut chat = json!({"model": self.model.as_str(), "messages": messages, "stream": stream});

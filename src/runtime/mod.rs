@@ -159,6 +159,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     }
     let budget_owner = cfg.budgets.is_some().then(|| crate::budget::owner::start(cfg.redis_url.clone()));
     let history = crate::responses::store::start(cfg.history.backend.clone(), cfg.history.within)?;
+    let mcp = crate::responses::mcp::Mcp::start()?;
     let from_predecessor = !inherited.is_empty();
     let activated = if from_predecessor { inherited } else { systemd::listen_fds() };
     let traces = cfg.trace_endpoint.clone().map(crate::trace::exporter::start);
@@ -190,6 +191,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             traces: traces.clone(),
             budget_owner: budget_owner.clone(),
             history: history.clone(),
+            mcp: mcp.clone(),
         };
         let shard_cfg = ShardStart {
             index,

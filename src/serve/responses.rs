@@ -5,6 +5,9 @@
 //! reshaping the answer into the response and storing it (src/serve/grpc/mod.rs).
 
 use std::rc::Rc;
+use std::time::Duration;
+
+use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
 use super::client::Client;
 use super::ctx::RequestCtx;
@@ -16,8 +19,10 @@ use super::history::{chain_items, tenant_of, unavailable, visible};
 use crate::api::{ApiError, RESPONSES_TURN};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
-use crate::responses::answer::Shell;
-use crate::responses::plan::TurnPlan;
+use crate::responses::answer::{listing_item, Shell};
+use crate::responses::mcp::{McpUrl, Server};
+use crate::responses::ordered;
+use crate::responses::plan::{McpPlan, TurnPlan};
 use crate::responses::store::{unix_now, Op, Reply};
 use crate::responses::turn::{new_id, Turn};
 use crate::shard::Shard;
@@ -49,9 +54,6 @@ pub(super) async fn turn(
     let history = shard.history();
     // A response says it is stored only when it will be.
     turn.store &= history.stores;
-    if !turn.mcp.is_empty() {
-        return reject(ApiError::new(501, "not_implemented", "MCP tools are not served on gRPC workers yet"));
-    }
     let tenant = tenant_of(ctx);
     let mut prior = Vec::new();
     if let Some(prev) = &turn.previous {
@@ -93,16 +95,136 @@ pub(super) async fn turn(
         })
         .collect();
     let model = ctx.model.clone().unwrap_or_else(|| turn.model.clone());
+    let mcp = match mcp_plan(shard, &turn).await {
+        Ok(m) => m,
+        Err(e) => return reject(e),
+    };
+    let extra: &[sonic_rs::Value] = mcp.as_ref().map_or(&[], |m| &m.chat_tools);
+    let chat = turn.chat(&prior, extra, turn.stream);
+    ctx.streaming = turn.stream;
     let plan = TurnPlan {
         shell: Shell::new(&turn, new_id("resp"), unix_now(), &model),
-        input: turn.input.clone(),
         previous: turn.previous.clone(),
         conversation: turn.conversation.clone(),
         store: turn.store,
         tenant,
         context,
+        mcp,
+        prior,
+        turn,
     };
-    let chat = turn.chat(&prior, &[], turn.stream);
-    ctx.streaming = turn.stream;
     forward::forward(shard, client, head, ctx, &RESPONSES_TURN, body, Some(GrpcRequest::turn(chat, plan))).await
+}
+
+/// Calls the MCP loop runs in a turn when the request does not say (`max_tool_calls`).
+const DEFAULT_MAX_CALLS: usize = 10;
+
+/// How long listing one server's tools may take.
+const LIST_WITHIN: Duration = Duration::from_secs(30);
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(400, "invalid_request_error", message)
+}
+
+/// The turn's MCP servers, each one's tools listed (and narrowed by `allowed_tools`).
+async fn mcp_plan(shard: &Shard, turn: &Turn) -> Result<Option<McpPlan>, ApiError> {
+    if turn.mcp.is_empty() {
+        return Ok(None);
+    }
+    let mut plan = McpPlan {
+        servers: Vec::new(),
+        tools: Vec::new(),
+        listings: Vec::new(),
+        chat_tools: Vec::new(),
+        max_calls: turn.max_tool_calls.map_or(DEFAULT_MAX_CALLS, |n| n as usize),
+    };
+    for spec in &turn.mcp {
+        let server = mcp_server(shard, spec)?;
+        let listed = shard.mcp().list(server.clone(), LIST_WITHIN).await.map_err(|e| {
+            let msg = format!("Error retrieving tool list from MCP server '{}': {e}", server.label);
+            ApiError::new(424, "mcp_list_tools_failed", msg)
+        })?;
+        let allowed = allowed_tools(spec)?;
+        let tools: Vec<_> =
+            listed.tools.into_iter().filter(|t| allowed.as_ref().is_none_or(|a| a.contains(&t.name))).collect();
+        let index = plan.servers.len();
+        for t in &tools {
+            // A name two servers offer goes to the first.
+            if plan.tools.iter().any(|(n, _)| *n == t.name) {
+                continue;
+            }
+            plan.tools.push((t.name.clone(), index));
+            let description = t.description.as_deref().map(Value::from);
+            let mut f: Vec<(&str, &Value)> = vec![];
+            let name = Value::from(t.name.as_str());
+            f.push(("name", &name));
+            if let Some(d) = &description {
+                f.push(("description", d));
+            }
+            f.push(("parameters", &t.input_schema));
+            let function = ordered(&f);
+            plan.chat_tools.push(ordered(&[("type", &Value::from("function")), ("function", &function)]));
+        }
+        plan.listings.push(listing_item(&new_id("mcpl"), &server.label, &tools));
+        plan.servers.push((server, listed.session));
+    }
+    Ok(Some(plan))
+}
+
+/// The server an `mcp` tool names: its `server_url`, else `--mcp-config-path`'s server of
+/// its label; its `authorization` and `headers` go with every message.
+fn mcp_server(shard: &Shard, spec: &Value) -> Result<Server, ApiError> {
+    let label =
+        spec.get("server_label").and_then(|l| l.as_str()).ok_or_else(|| bad("an mcp tool needs a 'server_label'"))?;
+    match spec.get("require_approval") {
+        None => {}
+        Some(v) if v.is_null() || v.as_str() == Some("never") => {}
+        Some(_) => {
+            let msg = "MCP approvals are not served by this gateway: set require_approval to \"never\"";
+            return Err(ApiError::new(501, "not_implemented", msg));
+        }
+    }
+    let mut server = match spec.get("server_url").and_then(|u| u.as_str()) {
+        Some(url) => {
+            let url = McpUrl::parse(url).map_err(bad)?;
+            Server { label: label.to_string(), url, headers: Vec::new() }
+        }
+        None => shard.cfg().mcp.as_ref().and_then(|c| c.server(label)).ok_or_else(|| {
+            bad(format!("MCP server '{label}': no 'server_url', and --mcp-config-path names no such server"))
+        })?,
+    };
+    if let Some(headers) = spec.get("headers").filter(|h| !h.is_null()) {
+        let headers = headers.as_object().ok_or_else(|| bad("an mcp tool's 'headers' must be an object"))?;
+        for (k, v) in headers.iter() {
+            let v = v.as_str().ok_or_else(|| bad("an mcp tool's header values must be strings"))?;
+            if !header_safe(k) || !header_safe(v) {
+                return Err(bad(format!("an mcp tool's header '{k}' cannot be sent")));
+            }
+            server.headers.push((k.to_string(), v.to_string()));
+        }
+    }
+    if let Some(a) = spec.get("authorization").and_then(|a| a.as_str()) {
+        if !header_safe(a) {
+            return Err(bad("an mcp tool's 'authorization' cannot be sent"));
+        }
+        server.headers.retain(|(k, _)| !k.eq_ignore_ascii_case("authorization"));
+        let value = if a.starts_with("Bearer ") { a.to_string() } else { format!("Bearer {a}") };
+        server.headers.push(("Authorization".to_string(), value));
+    }
+    Ok(server)
+}
+
+/// Nothing that ends or splits a header line.
+fn header_safe(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes().all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic() || b >= 0x80)
+        && !s.contains(['\r', '\n'])
+}
+
+/// `allowed_tools`: a list of names, or `{"tool_names": [...]}`; None: every tool.
+fn allowed_tools(spec: &Value) -> Result<Option<Vec<String>>, ApiError> {
+    let Some(a) = spec.get("allowed_tools").filter(|a| !a.is_null()) else { return Ok(None) };
+    let list = a.as_array().or_else(|| a.get("tool_names").and_then(|t| t.as_array()));
+    let list = list.ok_or_else(|| bad("'allowed_tools' must be a list of tool names"))?;
+    Ok(Some(list.iter().filter_map(|n| n.as_str().map(str::to_string)).collect()))
 }

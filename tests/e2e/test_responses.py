@@ -87,3 +87,55 @@ def test_conversations_and_their_items(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=MODEL, input="x", conversation="invalid-id")
     assert e.value.body["code"] == "invalid_conversation_id"
+
+
+AGENT = "Qwen/Qwen3-8B"
+
+
+@pytest.fixture(scope="module", params=["io_uring", "epoll"])
+def agent_stack(request, tmp_path_factory):
+    """The simulated model as an agent: it calls get_weather, then answers with the output."""
+    yield from grpc_stack(request.param, tmp_path_factory, model=AGENT,
+                          sim_args=["--tool-call-markup", "qwen", "--output-tokens", "8"])
+
+
+@pytest.fixture(scope="module")
+def mcp_url():
+    """tests/e2e/mcp_server.py, stopped after the module."""
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).with_name("mcp_server.py")
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening "), line
+        yield f"http://127.0.0.1:{line.split()[1]}/mcp"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_an_mcp_tool_loop_through_the_sdk(agent_stack, mcp_url):
+    client = openai.OpenAI(base_url=f"{agent_stack['gw']}/v1", api_key="not-needed", max_retries=0, timeout=60)
+    tools = [{"type": "mcp", "server_label": "wx", "server_url": mcp_url, "require_approval": "never",
+              "authorization": "secret-token"}]
+    r = client.responses.create(model=AGENT, input="Weather?", tools=tools)
+    assert [o.type for o in r.output] == ["mcp_list_tools", "message", "mcp_call", "message"]
+    listing, call = r.output[0], r.output[2]
+    assert [t.name for t in listing.tools] == ["get_weather", "add", "broken"]
+    assert call.name == "get_weather" and call.output.startswith("It is 21 C and sunny in")
+    assert call.output in r.output_text
+    kinds = []
+    with client.responses.stream(model=AGENT, input="Weather?", tools=tools) as stream:
+        for event in stream:
+            kinds.append(event.type)
+        final = stream.get_final_response()
+    assert [k for k in kinds if "mcp" in k] == [
+        "response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed",
+        "response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done", "response.mcp_call.completed"]
+    assert [o.type for o in final.output] == ["mcp_list_tools", "message", "mcp_call", "message"]
+    # A follow-up chains off the MCP turn.
+    nxt = client.responses.create(model=AGENT, input="And tomorrow?", previous_response_id=final.id, tools=tools)
+    assert nxt.status == "completed"

@@ -6,6 +6,7 @@
 pub mod admit;
 pub mod gossip;
 pub mod pd;
+pub mod postgres_server;
 pub mod redis_server;
 pub mod rogue;
 pub mod sim;

@@ -157,6 +157,12 @@ impl Conn {
         }
     }
 
+    /// The last response's body when it was not a stream (a stream's events are read as they
+    /// come and not kept): a chained scenario reads the answer's id here.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
     /// Forgets the connection (after a timeout or error the stream state is unknown).
     pub fn reset(&mut self) {
         self.stream = None;
@@ -249,6 +255,9 @@ impl Conn {
         let mut last_token: Option<Instant> = None;
         let mut saw_done = false;
         self.sse.reset();
+        if self.body.capacity() > 1 << 20 {
+            self.body = Vec::new();
+        }
         self.body.clear();
         let mut pos = head.head_len;
         let mut dec = ChunkedDecoder::new();
@@ -326,9 +335,6 @@ impl Conn {
         if !head.keep_alive {
             self.stream = None;
             self.rbuf.clear();
-        }
-        if self.body.capacity() > 1 << 20 {
-            self.body = Vec::new();
         }
         Ok(ex)
     }

@@ -7,6 +7,13 @@
 //! started fresh per round and stopped after it, so no target warms caches for another. The
 //! workers behind the targets are load/fleet.rs's: whole-request ones, or prefill/decode pairs
 //! (`--pd`), which only the gateway targets can drive.
+//!
+//! Responses scenarios (`responses-1k`, `responses-chain10`, …) need `--grpc`: the gateway
+//! serves that API itself on gRPC workers, storing each turn and chaining the next off it,
+//! while the simulator's HTTP workers serve no `/v1/responses`; compare refuses them without
+//! it. Of the targets, only the gateways (smg, smg-base, smg-python) can run them: `direct`
+//! and `nginx` hold no state and are skipped with a note saying so. A chained scenario's rows
+//! also count its chained turns and the conversations cut short.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -126,6 +133,12 @@ pub struct Row {
     /// With `--pd`: rooms whose KV never reached the decode (each a failed request).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoffs_failed: Option<u64>,
+    /// A chained scenario's turns sent with `previous_response_id` (measured windows only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chained_turns: Option<u64>,
+    /// A chained scenario's conversations ended early: a turn failed or had no `id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chains_cut_short: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,7 +293,21 @@ pub(crate) fn gateway_bin(given: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/smg"))
 }
 
+/// Why a Responses scenario cannot be run with this fleet (it needs gRPC workers, whose
+/// gateway serves the API itself); None when it can, or is no Responses scenario.
+pub(crate) fn responses_need_grpc(scenario: &Scenario, fleet: &FleetArgs) -> Option<String> {
+    (scenario.api == "responses" && !fleet.grpc).then(|| {
+        format!(
+            "scenario {:?} sends the Responses API, which the gateway serves on gRPC workers (smg-sim's HTTP \
+             workers serve no /v1/responses): add --grpc",
+            scenario.name
+        )
+    })
+}
+
 pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Result<Vec<Target>, String> {
+    // ws-1k is no scenario file.
+    let responses = Scenario::load(&args.scenario).ok().filter(|s| s.api == "responses");
     let mut out = Vec::new();
     for name in args.targets.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, name, bin) = match name {
@@ -305,6 +332,13 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
                 return Err(format!("unknown target {other:?} (direct, smg, smg-base, nginx, nginx-log, smg-python)"))
             }
         };
+        if let (Some(s), Kind::Direct | Kind::Nginx) = (&responses, kind) {
+            notes.push(format!(
+                "{name}: skipped ({}: Responses turns are stored and chained by a gateway; {name} holds no state)",
+                s.name
+            ));
+            continue;
+        }
         if args.sut.fleet.grpc && matches!(kind, Kind::Direct | Kind::Nginx) {
             notes.push(format!("{name}: skipped (--grpc: it speaks no gRPC)"));
             continue;
@@ -337,6 +371,9 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
 /// An HTTP scenario's compare (`ws-1k` is `ws_compare::run`; the CLI picks by scenario).
 pub fn run(args: &CompareArgs) -> Result<(), String> {
     let scenario = Scenario::load(&args.scenario)?;
+    if let Some(e) = responses_need_grpc(&scenario, &args.sut.fleet) {
+        return Err(e);
+    }
     let mut notes = Vec::new();
     let targets = find_targets(args, &mut notes)?;
     if targets.is_empty() {
@@ -387,6 +424,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 progress: false,
                 target_pids: proc_.as_ref().map(|p| vec![p.child.id()]).unwrap_or_default(),
                 stop: None,
+                chain: scenario.chain(&host, None, &args.sut.headers),
             };
             let t0_s = session.elapsed().as_secs_f64() + args.warmup.as_secs_f64();
             let pd_before = fleet.pd().and_then(|pd| pd.handoffs());
@@ -437,6 +475,8 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             p99_vs_direct: None,
             handoff_wait_ms: h.and_then(Handoffs::mean_wait_ms),
             handoffs_failed: h.map(|h| h.failed),
+            chained_turns: scenario.chained().then(|| r.iter().map(|x| x.chain.map_or(0, |c| c.chained_turns)).sum()),
+            chains_cut_short: scenario.chained().then(|| r.iter().map(|x| x.chain.map_or(0, |c| c.cut_short)).sum()),
         })
         .collect();
     if let Some(d) = rows.iter().find(|r| r.target == "direct").cloned() {
@@ -496,6 +536,14 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 f(r.handoff_wait_ms, 3),
                 r.handoffs_failed.unwrap_or(0)
             );
+        }
+        for r in &rows {
+            if let (Some(chained), Some(cut)) = (r.chained_turns, r.chains_cut_short) {
+                println!(
+                    "{:<11} {} turns chained by previous_response_id, {} conversations cut short",
+                    r.target, chained, cut
+                );
+            }
         }
     }
     for n in &notes {

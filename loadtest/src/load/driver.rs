@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use monoio::time::Instant;
 
+use crate::load::chain::{response_id, Chain, Users};
 use crate::load::client::{ClientError, Conn};
 use crate::load::records::Records;
 use crate::load::report::Stats;
@@ -40,6 +41,9 @@ pub struct ThreadPlan {
     pub stop: Option<Arc<AtomicBool>>,
     /// Keep a row per measured request (`--report`).
     pub record: bool,
+    /// A chained scenario's turns: requests are built per send, off the answers (load/chain.rs),
+    /// and `requests` is not sent.
+    pub chain: Option<Arc<Chain>>,
 }
 
 /// Per-thread run state.
@@ -50,6 +54,8 @@ pub struct Ctx {
     pub started: Instant,
     pub measure_from: Instant,
     pub stop_at: Option<Instant>,
+    /// This thread's virtual users, for a chained scenario.
+    users: Option<Users>,
     next: Cell<usize>,
     issued: Cell<u64>,
     last_done: Cell<Instant>,
@@ -66,6 +72,7 @@ impl Ctx {
             stats: RefCell::new(Stats::default()),
             records: RefCell::new(Records::new(plan.record)),
             started,
+            users: plan.chain.clone().map(|c| Users::new(c, plan.thread_index, plan.threads)),
             next: Cell::new(0),
             issued: Cell::new(0),
             last_done: Cell::new(started),
@@ -111,9 +118,19 @@ impl Ctx {
     }
 
     /// Sends request `idx` on `conn` and records it against `origin`, the time its clock started
-    /// (the intended send time in open loop, so queueing delay counts).
+    /// (the intended send time in open loop, so queueing delay counts). A chained scenario
+    /// sends its next user's turn instead of request `idx`, and hands the user back with the
+    /// answer's id.
     pub async fn send_one(&self, conn: &mut Conn, origin: Instant, idx: usize) {
-        let req = &self.plan.requests[idx];
+        let turn = self.users.as_ref().map(|u| {
+            let user = u.take();
+            let req = u.chain().request(&user);
+            (user, req)
+        });
+        let req = match &turn {
+            Some((_, req)) => req,
+            None => &self.plan.requests[idx],
+        };
         let res = monoio::time::timeout(self.plan.timeout, conn.exchange(req)).await;
         let now = Instant::now();
         self.last_done.set(now);
@@ -150,6 +167,21 @@ impl Ctx {
                 true
             }
         };
+        if let (Some((user, _)), Some(users)) = (turn, &self.users) {
+            let chained = user.previous.is_some();
+            let id = if failed { None } else { response_id(conn.body()) };
+            let cut_short = users.give_back(user, id);
+            if record {
+                let mut stats = self.stats.borrow_mut();
+                let c = &mut stats.chain;
+                if chained {
+                    c.chained_turns += 1;
+                } else {
+                    c.first_turns += 1;
+                }
+                c.cut_short += u64::from(cut_short);
+            }
+        }
         self.plan.progress.done.fetch_add(1, Ordering::Relaxed);
         if failed {
             self.plan.progress.errors.fetch_add(1, Ordering::Relaxed);

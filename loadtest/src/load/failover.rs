@@ -253,6 +253,7 @@ fn start_load(
         progress: false,
         target_pids: Vec::new(),
         stop: Some(stop),
+        chain: None,
     };
     std::thread::spawn(move || execute(&plan))
 }

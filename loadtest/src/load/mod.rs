@@ -1,6 +1,7 @@
 //! smg-load: open- and closed-loop HTTP/1.1 load generation with latency, TTFT and ITL histograms, the side-by-side compare (its simulated fleets and child processes), the rate sweep, the report directory, and the failover timing.
 
 pub mod blocking;
+pub mod chain;
 pub mod client;
 pub mod closed_loop;
 pub mod compare;

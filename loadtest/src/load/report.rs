@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::load::chain::ChainCounts;
 use crate::load::client::{ClientError, Exchange};
 
 /// Histograms hold µs from 1 µs to 1 hour at 3 significant digits (0.1% error).
@@ -31,6 +32,8 @@ pub struct Stats {
     pub connects: u64,
     /// Time the load threads were runnable but waited for a CPU, in µs (their schedstat).
     pub cpu_wait_us: u64,
+    /// A chained scenario's turns (load/chain.rs); zero for the others.
+    pub chain: ChainCounts,
 }
 
 impl Default for Stats {
@@ -50,6 +53,7 @@ impl Default for Stats {
             with_usage: 0,
             connects: 0,
             cpu_wait_us: 0,
+            chain: ChainCounts::default(),
         }
     }
 }
@@ -120,6 +124,9 @@ impl Stats {
         self.with_usage += other.with_usage;
         self.connects += other.connects;
         self.cpu_wait_us += other.cpu_wait_us;
+        self.chain.first_turns += other.chain.first_turns;
+        self.chain.chained_turns += other.chain.chained_turns;
+        self.chain.cut_short += other.chain.cut_short;
     }
 }
 
@@ -198,6 +205,10 @@ pub struct Report {
     /// no schedstat.
     pub sender_cpu_wait_ms: Option<f64>,
     pub target_cpu: Vec<CpuUse>,
+    /// A chained scenario's turns: first, chained by `previous_response_id`, and the
+    /// conversations cut short (absent for other scenarios).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain: Option<ChainCounts>,
 }
 
 // === impl Report ===
@@ -237,6 +248,7 @@ impl Report {
             connections_opened: s.connects,
             sender_cpu_wait_ms: crate::load::cpu::schedstat_available().then(|| s.cpu_wait_us as f64 / 1000.0),
             target_cpu,
+            chain: (s.chain != ChainCounts::default()).then_some(s.chain),
         }
     }
 
@@ -296,6 +308,13 @@ impl Report {
                 o,
                 "target pid {}  cpu {:.0} ms  {:.2} µs/request (user {:.2}, system {:.2})  {:.1}% of a core",
                 c.pid, c.cpu_ms, c.cpu_us_per_request, c.user_us_per_request, c.system_us_per_request, c.cpu_percent
+            );
+        }
+        if let Some(c) = &self.chain {
+            let _ = writeln!(
+                o,
+                "chain      first turns {}  chained turns {}  conversations cut short {}",
+                c.first_turns, c.chained_turns, c.cut_short
             );
         }
         let _ = writeln!(o, "connections opened {}", self.connections_opened);

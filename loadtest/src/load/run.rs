@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 
+use crate::load::chain::Chain;
 use crate::load::client::build_request;
 use crate::load::cpu;
 use crate::load::driver::{Ctx, Progress, ThreadPlan};
@@ -33,7 +34,8 @@ pub struct RunArgs {
     /// Target base URL, e.g. http://127.0.0.1:30000 (a path here overrides the scenario's).
     #[arg(long)]
     pub url: String,
-    /// Scenario file or name in loadtest/scenarios (chat-1k, chat-200k, sse-long, multi-turn, mixed-models, generate).
+    /// Scenario file or name in loadtest/scenarios (chat-1k, chat-200k, sse-long, multi-turn, mixed-models,
+    /// generate, responses-1k, responses-chain10, responses-fresh).
     #[arg(long, default_value = "chat-1k")]
     pub scenario: String,
     /// Replace the scenario's model name.
@@ -133,6 +135,9 @@ pub struct LoadPlan {
     pub target_pids: Vec<u32>,
     /// Ends the run when set (with neither `duration` nor `count` the run lasts until then).
     pub stop: Option<Arc<AtomicBool>>,
+    /// A chained scenario's turns, built per send off the answers (`Scenario::chain`); its
+    /// `requests` are then only a readiness probe's.
+    pub chain: Option<Arc<Chain>>,
 }
 
 /// Splits "http://host:port/path" into (host:port, optional path).
@@ -169,6 +174,7 @@ impl RunArgs {
             return self.trace_plan(file, &scenario, &authority, path.as_deref(), addr);
         }
         let requests = scenario.requests(&authority, path.as_deref(), &self.headers);
+        let chain = scenario.chain(&authority, path.as_deref(), &self.headers);
         let mode = match (self.rate, self.concurrency) {
             (Some(_), Some(_)) => return Err("give --rate (open loop) or --concurrency (closed loop), not both".into()),
             (Some(rate), None) if rate > 0.0 => Mode::Open {
@@ -186,7 +192,8 @@ impl RunArgs {
             (None, None) => Some(Duration::from_secs(10)),
             (d, _) => d,
         };
-        self.plan_from(addr, scenario.name.clone(), requests, mode, duration, self.requests)
+        let plan = self.plan_from(addr, scenario.name.clone(), requests, mode, duration, self.requests)?;
+        Ok(LoadPlan { chain, ..plan })
     }
 
     /// The plan's parts every kind of run takes from the command line alike.
@@ -215,6 +222,7 @@ impl RunArgs {
             progress: self.progress || std::io::stderr().is_terminal(),
             target_pids: self.target_pids.clone(),
             stop: None,
+            chain: None,
         })
     }
 
@@ -229,6 +237,12 @@ impl RunArgs {
     ) -> Result<LoadPlan, String> {
         if self.rate.is_some() || self.concurrency.is_some() {
             return Err("--trace sets the arrivals: drop --rate / --concurrency".into());
+        }
+        if scenario.api == "responses" {
+            return Err(format!(
+                "--trace: scenario {:?} is a Responses one; traces replay chat, completions and generate prompts",
+                scenario.name
+            ));
         }
         if self.speedup.is_nan() || self.speedup <= 0.0 {
             return Err("--speedup must be positive".into());
@@ -318,6 +332,7 @@ pub fn execute_recorded(plan: &LoadPlan, record: bool) -> Result<Measured, Strin
             progress: progress.clone(),
             stop: plan.stop.clone(),
             record,
+            chain: plan.chain.clone(),
         };
         let mode = match &plan.mode {
             Mode::Closed { concurrency } => Mode::Closed { concurrency: share(*concurrency as u64).max(1) as usize },

@@ -5,12 +5,23 @@
 //! whole history, so its prefix is what the previous turn left in some worker's cache. The pool
 //! is ordered turn by turn (all users' turn 1, then turn 2, …) and repeats for `sessions`
 //! fresh conversations.
+//!
+//! Responses scenarios (`api: "responses"`) send `POST /v1/responses` turns, `input` a user
+//! message of `user_bytes` (so `responses-1k` carries `chat-1k`'s text) and `store` as given.
+//! With `turns` > 1 they are stateful: the server holds the history, so a turn sends only its
+//! new input and chains off the previous turn's answer by `previous_response_id`, which only
+//! the answer tells. Those turns cannot be built ahead: `bodies()` gives every conversation's
+//! turns unchained (conversation by conversation, `sessions` of them), and a [`Chain`] hands
+//! each load thread's virtual users their next turn, with the id their last answer carried
+//! (load/chain.rs).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Deserialize;
 
+use crate::load::chain::Chain;
 use crate::load::client::build_request;
 use crate::rng::Rng;
 use crate::sim::render::put_json_str;
@@ -20,8 +31,9 @@ use crate::sim::render::put_json_str;
 pub struct Scenario {
     pub name: String,
     pub description: String,
-    /// "chat", "completions", "generate" (SGLang native) or "decisions" (three questions, one
-    /// of each type, over `user_bytes` of evidence; never streamed).
+    /// "chat", "completions", "generate" (SGLang native), "decisions" (three questions, one
+    /// of each type, over `user_bytes` of evidence; never streamed) or "responses" (the
+    /// OpenAI Responses API; with `turns` > 1, turns chained by `previous_response_id`).
     pub api: String,
     /// Overrides the endpoint path of `api`.
     pub path: Option<String>,
@@ -47,6 +59,8 @@ pub struct Scenario {
     /// Chat requests offer the `get_weather` tool that `smg-sim --tool-call-markup` calls, so
     /// a gateway's tool-call parser has work.
     pub tools: bool,
+    /// Responses turns ask to be stored (`store`), as a chained turn's previous one must be.
+    pub store: bool,
 }
 
 impl Default for Scenario {
@@ -70,6 +84,7 @@ impl Default for Scenario {
             variants: 64,
             key_order: "model_first".into(),
             tools: false,
+            store: true,
         }
     }
 }
@@ -100,8 +115,21 @@ impl Scenario {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if !matches!(self.api.as_str(), "chat" | "completions" | "generate" | "decisions") {
+        if !matches!(self.api.as_str(), "chat" | "completions" | "generate" | "decisions" | "responses") {
             return Err(format!("unknown api {:?}", self.api));
+        }
+        if self.api == "responses" {
+            // A chained conversation's history is the server's: no system prompt or replayed
+            // turns to send, and its virtual users are the load's connections, not `users`.
+            if self.users > 1 || self.system_prompt_bytes > 0 || self.tools {
+                return Err("api \"responses\": users, system_prompt_bytes and tools are not used".into());
+            }
+            if self.chained() && self.stream {
+                return Err("api \"responses\": chained turns (turns > 1) are not streamed".into());
+            }
+            if self.chained() && !self.store {
+                return Err("api \"responses\": chained turns (turns > 1) need store: true".into());
+            }
         }
         if self.users == 0 || self.turns == 0 || self.sessions == 0 || self.variants == 0 {
             return Err("users, turns, sessions and variants must be at least 1".into());
@@ -120,6 +148,7 @@ impl Scenario {
             "completions" => "/v1/completions",
             "generate" => "/generate",
             "decisions" => "/v1/decisions",
+            "responses" => "/v1/responses",
             _ => "/v1/chat/completions",
         }
     }
@@ -141,8 +170,25 @@ impl Scenario {
         }
     }
 
-    /// All request bodies, in send order.
+    /// Whether turns chain off the previous answer (a Responses scenario of several turns):
+    /// the requests are then built as they go, by a [`Chain`].
+    pub fn chained(&self) -> bool {
+        self.api == "responses" && self.turns > 1
+    }
+
+    /// All request bodies, in send order (a chained scenario's: every conversation's turns,
+    /// unchained, conversation by conversation).
     pub fn bodies(&self) -> Vec<Vec<u8>> {
+        if self.chained() {
+            let mut out = Vec::with_capacity(self.sessions * self.turns);
+            for s in 0..self.sessions {
+                for t in 0..self.turns {
+                    let user = text(self.user_bytes, (s * self.turns + t) as u64 + 1_000);
+                    out.push(self.body(s, None, &[], &user));
+                }
+            }
+            return out;
+        }
         let multi = self.turns > 1 || self.users > 1 || self.system_prompt_bytes > 0;
         let mut out = Vec::new();
         if !multi {
@@ -212,6 +258,7 @@ impl Scenario {
         let prompt_key: &[u8] = match self.api.as_str() {
             "chat" => b"\"messages\":",
             "completions" => b"\"prompt\":",
+            "responses" => b"\"input\":",
             _ => b"\"text\":",
         };
         let mut params = Vec::new();
@@ -222,8 +269,14 @@ impl Scenario {
         } else {
             params.extend_from_slice(b"\"model\":");
             put_json_str(&mut params, self.model_for(i));
-            params.extend_from_slice(b",\"max_tokens\":");
-            crate::wire::put_u64(&mut params, self.max_tokens);
+            if self.api == "responses" {
+                params.extend_from_slice(b",\"max_output_tokens\":");
+                crate::wire::put_u64(&mut params, self.max_tokens);
+                params.extend_from_slice(if self.store { b",\"store\":true" } else { b",\"store\":false" });
+            } else {
+                params.extend_from_slice(b",\"max_tokens\":");
+                crate::wire::put_u64(&mut params, self.max_tokens);
+            }
         }
         if self.tools && self.api == "chat" {
             params.extend_from_slice(b",\"tools\":[");
@@ -232,7 +285,7 @@ impl Scenario {
         }
         if self.stream {
             params.extend_from_slice(b",\"stream\":true");
-            if self.include_usage && self.api != "generate" {
+            if self.include_usage && !matches!(self.api.as_str(), "generate" | "responses") {
                 params.extend_from_slice(b",\"stream_options\":{\"include_usage\":true}");
             }
         }
@@ -267,10 +320,19 @@ impl Scenario {
         b
     }
 
-    /// The request pool: complete HTTP requests ready to write.
+    /// The request pool: complete HTTP requests ready to write (a chained scenario's are its
+    /// turns unchained: each is a fresh first turn, as a readiness probe may send).
     pub fn requests(&self, host: &str, path_override: Option<&str>, headers: &[String]) -> Vec<Bytes> {
         let path = path_override.unwrap_or(self.path());
         self.bodies().iter().map(|b| build_request("POST", path, host, headers, b)).collect()
+    }
+
+    /// What builds a chained scenario's turns as the answers come; None for the others.
+    pub fn chain(&self, host: &str, path_override: Option<&str>, headers: &[String]) -> Option<Arc<Chain>> {
+        self.chained().then(|| {
+            let path = path_override.unwrap_or(self.path());
+            Arc::new(Chain::new(self.turns, self.bodies(), path, host, headers))
+        })
     }
 }
 
@@ -363,6 +425,61 @@ mod tests {
         assert_eq!(types, ["predicate", "choice", "score"]);
         assert!(v["input"].as_str().unwrap().len() >= s.user_bytes);
         assert!(v.get("stream").is_none());
+    }
+
+    #[test]
+    fn responses_1k_says_chat_1ks_user_messages_stored() {
+        let (r, chat) = (Scenario::load("responses-1k").unwrap(), Scenario::load("chat-1k").unwrap());
+        assert_eq!(r.path(), "/v1/responses");
+        assert!(!r.chained() && r.chain("h", None, &[]).is_none());
+        let (rb, cb) = (r.bodies(), chat.bodies());
+        assert_eq!(rb.len(), cb.len());
+        for (a, b) in rb.iter().zip(&cb) {
+            let (a, b): (sonic_rs::Value, sonic_rs::Value) =
+                (sonic_rs::from_slice(a).unwrap(), sonic_rs::from_slice(b).unwrap());
+            assert_eq!(a["input"].as_str(), b["messages"][0]["content"].as_str());
+            assert_eq!(a["store"].as_bool(), Some(true));
+            assert_eq!(a["max_output_tokens"].as_u64(), b["max_tokens"].as_u64());
+            assert_eq!(a["model"].as_str(), b["model"].as_str());
+            assert!(a.get("stream").is_none() && a.get("previous_response_id").is_none());
+        }
+    }
+
+    #[test]
+    fn a_chained_responses_scenario_builds_its_turns_as_answers_come() {
+        let s = Scenario::load("responses-chain10").unwrap();
+        assert!(s.chained());
+        let bodies = s.bodies();
+        assert_eq!(bodies.len(), s.sessions * 10);
+        let inputs: Vec<String> = bodies
+            .iter()
+            .map(|b| sonic_rs::from_slice::<sonic_rs::Value>(b).unwrap()["input"].as_str().unwrap().to_string())
+            .collect();
+        assert!(inputs.iter().all(|i| i.len() == s.user_bytes), "small inputs");
+        assert_ne!(inputs[0], inputs[1], "each turn says something new");
+        // Turn 2 of the first conversation chains off turn 1's answer.
+        let chain = s.chain("127.0.0.1:1", None, &[]).unwrap();
+        let users = crate::load::chain::Users::new(chain, 0, 1);
+        let first = users.take();
+        let req = users.chain().request(&first);
+        assert!(req.starts_with(b"POST /v1/responses HTTP/1.1\r\n"));
+        assert!(memchr::memmem::find(&req, b"previous_response_id").is_none());
+        users.give_back(first, crate::load::chain::response_id(br#"{"id":"resp_abc","object":"response"}"#));
+        let req = users.chain().request(&users.take());
+        let body = &req[memchr::memmem::find(&req, b"\r\n\r\n").unwrap() + 4..];
+        let v: sonic_rs::Value = sonic_rs::from_slice(body).unwrap();
+        assert_eq!(v["previous_response_id"].as_str(), Some("resp_abc"));
+        assert_eq!(v["input"].as_str(), Some(inputs[1].as_str()));
+        assert_eq!(v["store"].as_bool(), Some(true));
+        // What a chain cannot be.
+        let bad = |f: fn(&mut Scenario)| {
+            let mut x = s.clone();
+            f(&mut x);
+            x.validate().unwrap_err()
+        };
+        assert!(bad(|x| x.stream = true).contains("not streamed"));
+        assert!(bad(|x| x.store = false).contains("store"));
+        assert!(bad(|x| x.users = 2).contains("users"));
     }
 
     #[test]

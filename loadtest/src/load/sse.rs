@@ -103,11 +103,19 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-/// Reads usage from an OpenAI body or chunk (`usage`) or an SGLang /generate one (`meta_info`).
+/// Reads usage from an OpenAI body or chunk (`usage`; a Responses object's names its counts
+/// `input_tokens` and `output_tokens`) or an SGLang /generate one (`meta_info`).
 pub fn usage_of(json: &[u8]) -> Option<Usage> {
     use sonic_rs::JsonValueTrait;
     let get = |path: &[&str]| sonic_rs::get(json, path).ok().and_then(|v| v.as_u64());
     if memmem::find(json, b"\"usage\":{").is_some() || memmem::find(json, b"\"usage\": {").is_some() {
+        if let Some(input) = get(&["usage", "input_tokens"]) {
+            return Some(Usage {
+                prompt_tokens: input,
+                cached_tokens: get(&["usage", "input_tokens_details", "cached_tokens"]).unwrap_or(0),
+                completion_tokens: get(&["usage", "output_tokens"]).unwrap_or(0),
+            });
+        }
         return Some(Usage {
             prompt_tokens: get(&["usage", "prompt_tokens"])?,
             cached_tokens: get(&["usage", "prompt_tokens_details", "cached_tokens"]).unwrap_or(0),
@@ -169,5 +177,7 @@ data: [DONE]\n\n";
         assert_eq!(classify(b"{\"text\":\" x\",\"meta_info\":{}}"), EventKind::Token);
         let u = usage_of(b"{\"text\":\"x\",\"meta_info\":{\"prompt_tokens\":3,\"cached_tokens\":2}}").unwrap();
         assert_eq!((u.prompt_tokens, u.cached_tokens), (3, 2));
+        let responses = br#"{"id":"resp_1","object":"response","usage":{"input_tokens":7,"input_tokens_details":{"cached_tokens":2},"output_tokens":3,"total_tokens":10}}"#;
+        assert_eq!(usage_of(responses), Some(Usage { prompt_tokens: 7, cached_tokens: 2, completion_tokens: 3 }));
     }
 }

@@ -243,6 +243,9 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
     }
     rt::pin_to(args.load_core);
     let needs_sim = targets.iter().any(|t| matches!(t, SweepTarget::Named(_)));
+    if let Some(e) = needs_sim.then(|| compare::responses_need_grpc(&scenario, &args.sut.fleet)).flatten() {
+        return Err(e);
+    }
     let fleet = if needs_sim {
         Some(Fleet::start(&args.sut.fleet, args.load_core, &scenario.model_names(), args.timeout)?)
     } else {
@@ -302,6 +305,7 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
                 progress: false,
                 target_pids: proc_.as_ref().map(|p| vec![p.pid()]).unwrap_or_default(),
                 stop: None,
+                chain: scenario.chain(&host, path.as_deref(), &args.sut.headers),
             };
             let t0_s = session.elapsed().as_secs_f64() + args.warmup.as_secs_f64();
             let measured = execute_recorded(&plan, true)?;

@@ -182,12 +182,18 @@ pub fn encode_harmony(text: &str) -> Vec<u32> {
 /// Whether the prompt `ids` hold `needle` in their text (the simulated model reading its
 /// prompt: a gpt-oss model calls a function only when the prompt declares it).
 pub fn prompt_holds(ids: &[u32], needle: &str) -> bool {
+    decode_bytes(ids).windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// The bytes of `ids` as the model reads them: special tokens as their text (`<|im_start|>`),
+/// byte-level tokens as their bytes; ids outside the vocabulary read as nothing.
+pub fn decode_bytes(ids: &[u32]) -> Vec<u8> {
     let v = vocab();
     let mut bytes = Vec::with_capacity(ids.len() * 4);
     for &id in ids {
         bytes.extend_from_slice(v.bytes.get(id as usize).map_or(&[][..], Vec::as_slice));
     }
-    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+    bytes
 }
 
 /// Id of the byte token for `b` (prompts a client built without the tokenizer still decode).

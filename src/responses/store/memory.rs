@@ -5,22 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{Conversation, Item, Op, Reply, StoredResponse, MAX_CHAIN};
-
-/// SMG's defaults: 10,000 responses, 100,000 items, a day.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemoryLimits {
-    pub max_responses: usize,
-    pub max_items: usize,
-    /// 0 keeps a record until a count bound drops it.
-    pub retention_secs: u64,
-}
-
-impl Default for MemoryLimits {
-    fn default() -> Self {
-        MemoryLimits { max_responses: 10_000, max_items: 100_000, retention_secs: 86_400 }
-    }
-}
+use super::record::{Conversation, Item, MemoryLimits, Op, Reply, StoredResponse, MAX_CHAIN};
 
 struct Conv {
     record: Conversation,

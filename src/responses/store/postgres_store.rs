@@ -1,6 +1,6 @@
 //! `--history-backend postgres`: stored responses and conversations in a PostgreSQL that
 //! every gateway replica shares, so any replica chains off any other's responses. Answers
-//! every [`Op`] as [`Memory`](super::Memory) does; records are kept until deleted.
+//! every [`Op`] as [`Memory`](super::memory::Memory) does; records are kept until deleted.
 //!
 //! The tables, created at connect when missing (`SCHEMA`): every record is its JSON
 //! (`record`, as serde writes it), beside the columns the queries select and order by.
@@ -28,8 +28,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 
-use super::thread::Remote;
-use super::{Op, Reply, Unavailable, MAX_CHAIN};
+use super::record::{Op, Remote, Reply, Unavailable, MAX_CHAIN};
 
 /// The tables, made once by whichever replica connects first (the advisory lock keeps two
 /// replicas' `CREATE`s apart: `IF NOT EXISTS` alone races). One simple query: one
@@ -392,8 +391,9 @@ mod tests {
     use std::path::PathBuf;
     use std::process::{Child, Command, Stdio};
 
+    use super::super::record::Backend;
     use super::super::redis_store::testkit::{self, block_on, eventually, free_port, signal, Server, BOOT, WITHIN};
-    use super::super::{start, Backend};
+    use super::super::thread::start;
 
     /// A PostgreSQL of the test's own: a fresh cluster (initdb) in a temporary directory,
     /// served on a free loopback port (no Unix socket), stopped on drop. PostgreSQL refuses

@@ -1,17 +1,17 @@
 //! `--history-backend redis`: stored responses and conversations in a Redis that every
 //! gateway replica shares, so any replica chains off any other's responses. Answers every
-//! [`Op`] as [`Memory`](super::Memory) does; the bounds are Redis' own (`--redis-retention-days`
+//! [`Op`] as [`Memory`](super::memory::Memory) does; the bounds are Redis' own (`--redis-retention-days`
 //! as a TTL on every key written, -1 keeping them), not the memory backend's counts.
 //!
 //! Keys (an id is the rest of the key, after a fixed part that names what it is, so no id
 //! can reach another record's key):
-//! - `smg:history:response:<id>`: a hash, `record` (the [`StoredResponse`](super::StoredResponse) as JSON) and
+//! - `smg:history:response:<id>`: a hash, `record` (the [`StoredResponse`](super::record::StoredResponse) as JSON) and
 //!   `previous` (its `previous` id, absent when None), so the chain script walks the links
 //!   without parsing records.
-//! - `smg:history:conversation:<id>`: the [`Conversation`](super::Conversation) as JSON.
+//! - `smg:history:conversation:<id>`: the [`Conversation`](super::record::Conversation) as JSON.
 //! - `smg:history:conversation-order:<id>`: a sorted set of its item ids, each scored by its
 //!   position (1, 2, ... in the order they were added).
-//! - `smg:history:conversation-items:<id>`: a hash, item id to the [`Item`](super::Item) as JSON.
+//! - `smg:history:conversation-items:<id>`: a hash, item id to the [`Item`](super::record::Item) as JSON.
 //!
 //! A conversation's three keys are written together by one script or MULTI, and expire
 //! together: the retention counts from the conversation's last use (a write, or reading it),
@@ -33,8 +33,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use super::thread::Remote;
-use super::{Op, Reply, Unavailable, MAX_CHAIN};
+use super::record::{Op, Remote, Reply, Unavailable, MAX_CHAIN};
 
 /// Prefix of every key this backend writes.
 pub(crate) const KEY_PREFIX: &str = "smg:history:";
@@ -390,7 +389,7 @@ async fn bounded<T>(within: Duration, f: impl Future<Output = redis::RedisResult
 }
 
 /// What both remote backends' tests share: the servers' plumbing, and the suites every
-/// remote backend must pass (the same answers as [`Memory`](super::Memory), replicas sharing
+/// remote backend must pass (the same answers as [`Memory`](super::memory::Memory), replicas sharing
 /// one store, an outage).
 #[cfg(test)]
 pub(super) mod testkit {
@@ -398,11 +397,12 @@ pub(super) mod testkit {
     use std::process::Command;
     use std::time::Duration;
 
-    use super::super::thread::unix_now;
-    use super::super::{
-        start, Backend, Conversation, History, Item, Memory, MemoryLimits, Op, Reply, StoredResponse, Unavailable,
-        MAX_CHAIN,
+    use super::super::history::History;
+    use super::super::memory::Memory;
+    use super::super::record::{
+        unix_now, Backend, Conversation, Item, MemoryLimits, Op, Reply, StoredResponse, Unavailable, MAX_CHAIN,
     };
+    use super::super::thread::start;
 
     /// Each call's bound in the tests.
     pub(crate) const WITHIN: Duration = Duration::from_secs(2);
@@ -729,7 +729,8 @@ mod tests {
     use std::process::{Child, Command, Stdio};
     use std::time::Duration;
 
-    use super::super::{start, Backend, Op, Reply};
+    use super::super::record::{Backend, Op, Reply};
+    use super::super::thread::start;
     use super::testkit::{self, block_on, eventually, free_port, signal, Server, BOOT, WITHIN};
 
     /// A `redis-server` of the test's own on a free loopback port (no persistence), killed on
@@ -859,10 +860,14 @@ mod tests {
             for (retention_days, tag) in [(1, "day"), (-1, "kept")] {
                 let h = start(Backend::Redis { url: server.url(), retention_days }, WITHIN).expect("start");
                 h.ask(testkit::response(&format!("r-{tag}"), None)).await.unwrap();
-                let conversation =
-                    super::super::Conversation { id: format!("c-{tag}"), tenant: None, created_at: 0, metadata: None };
+                let conversation = super::super::record::Conversation {
+                    id: format!("c-{tag}"),
+                    tenant: None,
+                    created_at: 0,
+                    metadata: None,
+                };
                 h.ask(Op::PutConversation(conversation)).await.unwrap();
-                let item = super::super::Item { id: "i".into(), json: r#"{"id":"i"}"#.into(), created_at: 0 };
+                let item = super::super::record::Item { id: "i".into(), json: r#"{"id":"i"}"#.into(), created_at: 0 };
                 let append = Op::AppendItems { conversation: format!("c-{tag}"), items: vec![item] };
                 assert_eq!(h.ask(append).await.unwrap(), Reply::Done);
                 for key in [

@@ -3,25 +3,14 @@
 //! backend (Redis, PostgreSQL) runs on a current-thread tokio runtime, the calls concurrent,
 //! because their client crates need tokio and a round trip must not hold up the next call.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use super::history::{Ask, History};
+use super::memory::Memory;
 use super::postgres_store::PostgresHistory;
+use super::record::{unix_now, Backend, Op, Remote, Reply};
 use super::redis_store::RedisHistory;
-use super::{Ask, Backend, History, Memory, Op, Reply, Unavailable};
-
-/// A backend across the network: every call is its own task.
-pub(crate) trait Remote: Send + Sync + 'static {
-    fn apply(&self, op: Op, now: u64) -> Pin<Box<dyn Future<Output = Result<Reply, Unavailable>> + Send + '_>>;
-}
-
-/// Unix seconds: the records' `created_at` and the memory bounds' clock.
-#[allow(clippy::disallowed_methods)] // Wall-clock time is what a record's timestamp is.
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
 
 /// Starts the storage thread for `backend`; `within` bounds each call a shard makes.
 /// Err: a remote backend that cannot be reached at start (the gateway does not start, as

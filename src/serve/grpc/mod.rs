@@ -26,7 +26,10 @@ use smg_proto::scheduler::{generate_response, EmbedResponse, GenerateResponse};
 use smg_wire::num::put_hex_width;
 
 mod calls;
+mod mcp_loop;
 mod pair;
+
+use mcp_loop::Answered;
 
 use calls::{abort_all, start, Started, Target};
 
@@ -413,9 +416,11 @@ fn response_id(shard: &Shard, prefix: &str) -> String {
     String::from_utf8(id).unwrap_or_default()
 }
 
-/// From the first engine messages to the response's end: reads each call in turn, hands its
-/// messages to the assembler (src/grpc/assemble.rs) and writes what comes out, watching the
-/// client and aborting the engine requests it no longer needs.
+/// From the first engine messages to the response's end: each generation's messages go to
+/// the assembler (src/grpc/assemble.rs) and what comes out is written, watching the client
+/// and aborting the engine requests it no longer needs. A Responses turn with MCP tools
+/// runs the calls the model makes and generates again, on the same worker, until the model
+/// answers without them (`mcp_loop.rs`).
 #[allow(clippy::too_many_arguments)]
 async fn respond(
     shard: &Rc<Shard>,
@@ -426,10 +431,159 @@ async fn respond(
     model: &GrpcModel,
     prep: &Prepared,
     id: &str,
-    target: Target,
+    mut target: Target,
     started: Started,
     turn: Option<&TurnPlan>,
 ) -> Result<Outcome, WorkerError> {
+    let date = shard.date();
+    let stamp = Stamp { request_id: &ctx.request_id, date: &date, close: false, http10: ctx.http10 };
+    // A Responses answer does not name its worker (SMG's rule).
+    let named = if turn.is_some() { "" } else { target.url.as_str() };
+    let mut out = Assembled::new(prep.stream, announce_close(ctx, Some(head)), named, stamp);
+    let mut shape = Shape { events: turn.map(|t| Events::new(t.shell.clone())), scratch: Vec::new() };
+    let mut mcp = turn.and_then(|t| t.mcp.as_ref().map(|m| mcp_loop::Loop::new(t, m)));
+    if let (Some(l), Some(events)) = (mcp.as_ref(), shape.events.as_mut()) {
+        let mut opening = Vec::new();
+        l.open(events, &mut opening);
+        if !out.send(&mut client.stream, &opening).await {
+            return Ok(Outcome::ClientGone);
+        }
+    }
+    let mut usage = crate::grpc::reply::Usage::default();
+    let mut next: Option<(Prepared, String)> = None;
+    let mut started = started;
+    loop {
+        let (p, rid) = next.as_ref().map_or((prep, id), |(p, r)| (p, r.as_str()));
+        let (generated, used) =
+            generate(client, ctx, kind, model, p, rid, &target, started, &mut out, &mut shape).await;
+        usage.prompt += used.prompt;
+        usage.completion += used.completion;
+        usage.cached += used.cached;
+        usage.reasoning += used.reasoning;
+        let answer = match generated {
+            Generated::Gone => {
+                ctx.judge(target.id, Verdict::Success);
+                return Ok(Outcome::ClientGone);
+            }
+            Generated::Failed(s, _) if !out.head_sent() => {
+                // Nothing reached the client: the retry edge judges it and may go elsewhere.
+                return Err(WorkerError::new(WorkerCause::Generation(s), false));
+            }
+            Generated::Failed(_, why) => {
+                ctx.judge(target.id, Verdict::Failure);
+                if let Some(events) = shape.events.as_mut() {
+                    // `response.failed`, not stored.
+                    let mut last = Vec::new();
+                    let (object, _, _) = events.end(&mut last);
+                    events.completed(object, &mut last);
+                    out.send(&mut client.stream, &last).await;
+                }
+                return Ok(end(out, client, ctx, usage, RelayEnd::Worker { why, sent: true }).await);
+            }
+            Generated::Done(answer) => answer,
+        };
+        // The MCP loop: the calls run, and the model asked again with their outputs.
+        if let (Some(l), Some(turn)) = (mcp.as_mut(), turn) {
+            let mut sent = Vec::new();
+            let again = l.round(shard, ctx, &answer, shape.events.as_mut(), &mut sent).await;
+            if !out.send(&mut client.stream, &sent).await {
+                return Ok(Outcome::ClientGone);
+            }
+            match again {
+                mcp_loop::Round::Again(chat) => {
+                    let prepared = request::prepare(Kind::Chat, &chat, model).map_err(|r| {
+                        let s = Status::new(Code::INVALID_ARGUMENT, r.message);
+                        WorkerError::new(WorkerCause::Generation(s), out.head_sent())
+                    });
+                    let prepared = match prepared {
+                        Ok(p) => p,
+                        Err(e) if !out.head_sent() => return Err(e),
+                        Err(_) => {
+                            return Ok(
+                                end(out, client, ctx, usage, RelayEnd::Worker { why: "MCP loop", sent: true }).await
+                            )
+                        }
+                    };
+                    let rid = response_id(shard, "resp_");
+                    let limits = Limits {
+                        deadline: Some(
+                            ctx.timings.upstream_started.unwrap_or(ctx.timings.started) + shard.cfg().request_timeout,
+                        ),
+                        idle: Some(shard.cfg().upstream_read_timeout),
+                        max_message: Some(shard.cfg().grpc_max_message),
+                    };
+                    match start(&mut target, client, &prepared, &rid, limits, None).await {
+                        Ok(Some(s)) => {
+                            started = s;
+                            next = Some((prepared, rid));
+                            continue;
+                        }
+                        Ok(None) => {
+                            ctx.judge(target.id, Verdict::Success);
+                            return Ok(Outcome::ClientGone);
+                        }
+                        Err(s) if !out.head_sent() => return Err(WorkerError::new(WorkerCause::Generation(s), false)),
+                        Err(_) => {
+                            ctx.judge(target.id, Verdict::Failure);
+                            return Ok(end(
+                                out,
+                                client,
+                                ctx,
+                                usage,
+                                RelayEnd::Worker { why: "gRPC stream failed", sent: true },
+                            )
+                            .await);
+                        }
+                    }
+                }
+                mcp_loop::Round::Done => {}
+            }
+            // The round read the stream's last events already.
+            let answer = match answer {
+                Answered::Events(_) => Answered::Events(Vec::new()),
+                body => body,
+            };
+            return finish_turn(shard, client, ctx, turn, answer, mcp, &mut shape, out, usage, &target).await;
+        }
+        ctx.judge(target.id, Verdict::Success);
+        match (answer, turn) {
+            (Answered::Events(tail), None) => {
+                if !out.send(&mut client.stream, &tail).await {
+                    return Ok(Outcome::ClientGone);
+                }
+            }
+            (Answered::Body(body), None) => out.whole(body),
+            (answer, Some(turn)) => {
+                return finish_turn(shard, client, ctx, turn, answer, None, &mut shape, out, usage, &target).await;
+            }
+        }
+        return Ok(end(out, client, ctx, usage, RelayEnd::Done { reusable: false }).await);
+    }
+}
+
+/// How one generation ended.
+enum Generated {
+    /// The client left (the engine requests were aborted).
+    Gone,
+    /// The engine failed (after `head_sent`, the contract's error events were written).
+    Failed(Status, &'static str),
+    Done(Answered),
+}
+
+/// One generation: the engine's messages assembled and written (a stream's) as they come.
+#[allow(clippy::too_many_arguments)]
+async fn generate(
+    client: &mut Client,
+    ctx: &RequestCtx,
+    kind: Kind,
+    model: &GrpcModel,
+    prep: &Prepared,
+    id: &str,
+    target: &Target,
+    started: Started,
+    out: &mut Assembled,
+    shape: &mut Shape,
+) -> (Generated, crate::grpc::reply::Usage) {
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let model_name = ctx.model.clone().unwrap_or_default();
     let meta = Meta { kind, id, created, model: &model_name };
@@ -443,12 +597,6 @@ async fn respond(
             Box::new(PassThrough)
         }
     });
-    let date = shard.date();
-    let stamp = Stamp { request_id: &ctx.request_id, date: &date, close: false, http10: ctx.http10 };
-    // A Responses answer does not name its worker (SMG's rule).
-    let named = if turn.is_some() { "" } else { target.url.as_str() };
-    let mut out = Assembled::new(prep.stream, announce_close(ctx, Some(head)), named, stamp);
-    let mut shape = Shape { events: turn.map(|t| Events::new(t.shell.clone())), scratch: Vec::new() };
     let mut failure: Option<Status> = None;
     let mut gone = false;
     let mut watch = true;
@@ -467,7 +615,7 @@ async fn respond(
                         closed = peer_closed(&client.stream) => {
                             if closed {
                                 gone = true;
-                                abort_all(&target, std::iter::once(rid.clone()));
+                                abort_all(target, std::iter::once(rid.clone()));
                                 break;
                             }
                             watch = false;
@@ -487,7 +635,7 @@ async fn respond(
             match asm.on_message(p, msg) {
                 Step::Next => {}
                 Step::Abort => {
-                    abort_all(&target, std::iter::once(rid.clone()));
+                    abort_all(target, std::iter::once(rid.clone()));
                     break;
                 }
                 Step::Failed(s) => {
@@ -500,7 +648,7 @@ async fn respond(
             if !asm.pending().is_empty() && !call.has_message() {
                 if !out.send(&mut client.stream, shape.of(asm.pending())).await {
                     gone = true;
-                    abort_all(&target, std::iter::once(rid.clone()));
+                    abort_all(target, std::iter::once(rid.clone()));
                     break;
                 }
                 asm.sent();
@@ -518,46 +666,47 @@ async fn respond(
     }
     let usage = asm.usage();
     if gone {
-        ctx.judge(target.id, Verdict::Success);
-        return Ok(Outcome::ClientGone);
+        return (Generated::Gone, usage);
     }
     let ended = match failure {
         Some(s) => Err((s, "gRPC stream failed")),
         // Err: the engine ended a call before finishing every sample.
         None => asm.finish().map_err(|s| (s, "gRPC stream incomplete")),
     };
-    let answer = match ended {
-        Ok(a) => a,
+    match ended {
+        Ok(Answer::Events) => (Generated::Done(Answered::Events(asm.pending().to_vec())), usage),
+        Ok(Answer::Body(body)) => (Generated::Done(Answered::Body(body)), usage),
         Err((s, why)) => {
-            if !out.head_sent() {
-                // Nothing reached the client: the retry edge judges it and may go elsewhere.
-                return Err(WorkerError::new(WorkerCause::Generation(s), false));
+            if out.head_sent() {
+                asm.fail(&s);
+                out.send(&mut client.stream, shape.of(asm.pending())).await;
             }
-            ctx.judge(target.id, Verdict::Failure);
-            asm.fail(&s);
-            out.send(&mut client.stream, shape.of(asm.pending())).await;
-            if let Some(events) = shape.events.as_mut() {
-                // `response.failed`, not stored.
-                let mut last = Vec::new();
-                let (object, _, _) = events.end(&mut last);
-                events.completed(object, &mut last);
-                out.send(&mut client.stream, &last).await;
-            }
-            return Ok(end(out, client, ctx, usage, RelayEnd::Worker { why, sent: true }).await);
+            (Generated::Failed(s, why), usage)
         }
-    };
+    }
+}
+
+/// The end of a Responses turn: the final object made (from the last generation's chat
+/// body, or the event stream), stored, and its body or last event written.
+#[allow(clippy::too_many_arguments)]
+async fn finish_turn(
+    shard: &Shard,
+    client: &mut Client,
+    ctx: &mut RequestCtx,
+    turn: &TurnPlan,
+    answer: Answered,
+    mcp: Option<mcp_loop::Loop<'_>>,
+    shape: &mut Shape,
+    mut out: Assembled,
+    usage: crate::grpc::reply::Usage,
+    target: &Target,
+) -> Result<Outcome, WorkerError> {
     ctx.judge(target.id, Verdict::Success);
-    match (answer, turn) {
-        (Answer::Events, None) => {
-            if !out.send(&mut client.stream, asm.pending()).await {
-                return Ok(Outcome::ClientGone);
-            }
-        }
-        (Answer::Body(body), None) => out.whole(body),
-        (Answer::Events, Some(turn)) => {
-            let Some(events) = shape.events.as_mut() else { unreachable!("a turn has its event stream") };
+    match answer {
+        Answered::Events(tail) => {
+            let Some(events) = shape.events.as_mut() else { unreachable!("a streamed turn has its event stream") };
             let mut last = Vec::new();
-            events.feed(asm.pending(), &mut last);
+            events.feed(&tail, &mut last);
             let (mut object, output, _) = events.end(&mut last);
             store(shard, ctx, turn, &mut object, &output).await;
             events.completed(object, &mut last);
@@ -565,11 +714,16 @@ async fn respond(
                 return Ok(Outcome::ClientGone);
             }
         }
-        (Answer::Body(body), Some(turn)) => {
-            let chat: sonic_rs::Value = sonic_rs::from_slice(&body).unwrap_or_default();
-            let (output, ending) = crate::responses::answer::output_of_chat(&chat);
-            let usage = crate::responses::answer::Usage::of_chat(chat.get("usage"));
-            let mut object = turn.shell.object(Some(ending), &output, Some(usage));
+        Answered::Body(body) => {
+            let (output, ending, used) = match mcp {
+                Some(l) => l.finish(&body),
+                None => {
+                    let chat: sonic_rs::Value = sonic_rs::from_slice(&body).unwrap_or_default();
+                    let (output, ending) = crate::responses::answer::output_of_chat(&chat);
+                    (output, ending, crate::responses::answer::Usage::of_chat(chat.get("usage")))
+                }
+            };
+            let mut object = turn.shell.object(Some(ending), &output, Some(used));
             store(shard, ctx, turn, &mut object, &output).await;
             out.whole(sonic_rs::to_vec(&object).unwrap_or_default());
         }

@@ -33,7 +33,7 @@
 //! split across tokens on purpose; `custom_params.sim_echo_prompt: true` answers with the
 //! prompt's own token ids (tests read back what the gateway rendered). Without either,
 //! `--reasoning-markup` / `--tool-call-markup` write the answer in a model family's markup
-//! (`markup`); a model whose name holds `gpt-oss` answers in Harmony (its reasoning, then a
+//! (`markup`; after a tool result, a sentence quoting it instead of a call); a model whose name holds `gpt-oss` answers in Harmony (its reasoning, then a
 //! call of `get_weather` when the prompt declares it, else a final answer).
 //!
 //! The prompt's prefix-cache lookup publishes what it stored and evicted as a KV event batch
@@ -204,7 +204,7 @@ fn plan(w: &Worker, req: &GenerateRequest, handoff: Handoff) -> Result<Plan, Sta
     let t = w.timing.get();
     let forced = requested_output(&sp)
         .or_else(|| echo_prompt(&sp).then(|| ids.to_vec()))
-        .or_else(|| w.grpc.as_ref().and_then(|g| markup::answer(&g.markup, &req.request_id)))
+        .or_else(|| w.grpc.as_ref().and_then(|g| markup::answer(&g.markup, &req.request_id, ids)))
         .or_else(|| markup::is_harmony_model(&w.model).then(|| markup::harmony_answer(&req.request_id, ids)));
     let stop_id = sp.stop_token_ids.first().copied().unwrap_or(tokenizer::IM_END_ID);
     let (length, natural_stop) = match (&forced, sp.max_new_tokens) {
