@@ -10,3 +10,32 @@ pub fn bytes<const N: usize>() -> [u8; N] {
     getrandom::getrandom(&mut b).expect("the kernel's random source");
     b
 }
+
+/// Kernel random bytes drawn in blocks: one getrandom(2) per 256 bytes per thread instead of
+/// one per id (a Responses turn names three to five records). The bytes are the kernel's,
+/// each handed out once.
+pub fn buffered<const N: usize>() -> [u8; N] {
+    use std::cell::RefCell;
+    const BLOCK: usize = 256;
+    thread_local! {
+        static POOL: RefCell<([u8; BLOCK], usize)> = const { RefCell::new(([0; BLOCK], BLOCK)) };
+    }
+    let mut out = [0u8; N];
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        let mut filled = 0;
+        while filled < N {
+            if p.1 == BLOCK {
+                p.0 = bytes::<BLOCK>();
+                p.1 = 0;
+            }
+            let take = (N - filled).min(BLOCK - p.1);
+            let at = p.1;
+            out[filled..filled + take].copy_from_slice(&p.0[at..at + take]);
+            p.0[at..at + take].fill(0);
+            p.1 += take;
+            filled += take;
+        }
+    });
+    out
+}

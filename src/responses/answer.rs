@@ -12,8 +12,9 @@ use super::turn::{new_id, Turn};
 pub(crate) struct Shell {
     pub id: String,
     pub created_at: u64,
-    /// The object's fields that echo the request, in OpenAI's order.
-    echo: Vec<(&'static str, Value)>,
+    /// The object's fields that echo the request, in OpenAI's order, as JSON text
+    /// (`,"instructions":…,"conversation":…`), written once per turn.
+    echo: Vec<u8>,
 }
 
 /// Usage in the Responses shape.
@@ -26,16 +27,6 @@ pub(crate) struct Usage {
 }
 
 impl Usage {
-    fn json(&self) -> Value {
-        json!({
-            "input_tokens": self.input,
-            "input_tokens_details": {"cached_tokens": self.cached},
-            "output_tokens": self.output,
-            "output_tokens_details": {"reasoning_tokens": self.reasoning},
-            "total_tokens": self.input + self.output,
-        })
-    }
-
     pub(crate) fn add(&mut self, o: Usage) {
         self.input += o.input;
         self.cached += o.cached;
@@ -114,42 +105,80 @@ impl Shell {
             ("user", opt(&turn.user)),
             ("conversation", conversation),
         ];
-        Shell { id, created_at, echo }
+        let mut text = Vec::with_capacity(512);
+        for (k, v) in echo {
+            text.extend_from_slice(b",\"");
+            text.extend_from_slice(k.as_bytes());
+            text.extend_from_slice(b"\":");
+            let _ = sonic_rs::to_writer(&mut text, &v);
+        }
+        Shell { id, created_at, echo: text }
     }
 
     /// The object in a state: `in_progress` (no output, no usage yet) or ended.
     pub(crate) fn object(&self, ending: Option<Ending>, output: &[Value], usage: Option<Usage>) -> Value {
+        let output: Vec<String> = output.iter().map(|v| sonic_rs::to_string(v).unwrap_or_default()).collect();
+        sonic_rs::from_str(&self.object_json(ending, &output, usage)).unwrap_or_default()
+    }
+
+    /// [`Shell::object`] as the JSON text, written once in OpenAI's key order, from its
+    /// output items' JSON (what a non-streamed turn answers, and stores with those items).
+    pub(crate) fn object_json(&self, ending: Option<Ending>, output: &[String], usage: Option<Usage>) -> String {
         let status = match ending {
             None => "in_progress",
             Some(Ending::Completed) => "completed",
             Some(Ending::Incomplete(_)) => "incomplete",
             Some(Ending::Failed) => "failed",
         };
-        let error = match ending {
-            Some(Ending::Failed) => json!({"code": "server_error", "message": "the engine failed the response"}),
-            _ => Value::new_null(),
-        };
-        let incomplete = match ending {
-            Some(Ending::Incomplete(reason)) => json!({"reason": reason}),
-            _ => Value::new_null(),
-        };
-        let (id, created, output) =
-            (Value::from(self.id.as_str()), Value::from(self.created_at), output.to_vec().into());
-        let usage = usage.map_or(Value::new_null(), |u| u.json());
-        let status = Value::from(status);
-        let object = Value::from("response");
-        let mut pairs: Vec<(&str, &Value)> = vec![
-            ("id", &id),
-            ("object", &object),
-            ("created_at", &created),
-            ("status", &status),
-            ("error", &error),
-            ("incomplete_details", &incomplete),
-        ];
-        pairs.extend(self.echo.iter().map(|(k, v)| (*k, v)));
-        pairs.push(("output", &output));
-        pairs.push(("usage", &usage));
-        ordered(&pairs)
+        let mut s: Vec<u8> = Vec::with_capacity(1024 + output.iter().map(String::len).sum::<usize>());
+        s.extend_from_slice(b"{\"id\":");
+        smg_wire::json::put_str(&mut s, &self.id);
+        s.extend_from_slice(b",\"object\":\"response\",\"created_at\":");
+        smg_wire::num::put_dec(&mut s, self.created_at);
+        s.extend_from_slice(b",\"status\":\"");
+        s.extend_from_slice(status.as_bytes());
+        s.extend_from_slice(b"\",\"error\":");
+        match ending {
+            Some(Ending::Failed) => {
+                s.extend_from_slice(br#"{"code":"server_error","message":"the engine failed the response"}"#)
+            }
+            _ => s.extend_from_slice(b"null"),
+        }
+        s.extend_from_slice(b",\"incomplete_details\":");
+        match ending {
+            Some(Ending::Incomplete(reason)) => {
+                s.extend_from_slice(b"{\"reason\":\"");
+                s.extend_from_slice(reason.as_bytes());
+                s.extend_from_slice(b"\"}");
+            }
+            _ => s.extend_from_slice(b"null"),
+        }
+        s.extend_from_slice(&self.echo);
+        s.extend_from_slice(b",\"output\":[");
+        for (i, item) in output.iter().enumerate() {
+            if i > 0 {
+                s.push(b',');
+            }
+            s.extend_from_slice(item.as_bytes());
+        }
+        s.extend_from_slice(b"],\"usage\":");
+        match usage {
+            Some(u) => {
+                let n = |s: &mut Vec<u8>, k: &[u8], v: u64| {
+                    s.extend_from_slice(k);
+                    smg_wire::num::put_dec(s, v);
+                };
+                n(&mut s, b"{\"input_tokens\":", u.input);
+                n(&mut s, b",\"input_tokens_details\":{\"cached_tokens\":", u.cached);
+                n(&mut s, b"},\"output_tokens\":", u.output);
+                n(&mut s, b",\"output_tokens_details\":{\"reasoning_tokens\":", u.reasoning);
+                n(&mut s, b"},\"total_tokens\":", u.input + u.output);
+                s.push(b'}');
+            }
+            None => s.extend_from_slice(b"null"),
+        }
+        s.push(b'}');
+        String::from_utf8(s).unwrap_or_default()
     }
 }
 
@@ -177,43 +206,43 @@ pub(crate) fn output_of_chat(chat: &Value) -> (Vec<Value>, Ending) {
     (out, Ending::of_finish(finish))
 }
 
+/// An item from its JSON text, written in OpenAI's key order (one parse, where building it
+/// key by key would lose the order).
+fn item(text: &[u8]) -> Value {
+    sonic_rs::from_slice(text).unwrap_or_default()
+}
+
+fn put(out: &mut Vec<u8>, key: &[u8], value: &str) {
+    out.extend_from_slice(key);
+    smg_wire::json::put_str(out, value);
+}
+
 pub(crate) fn message_item(id: &str, text: &str, status: &str) -> Value {
-    let part = ordered(&[
-        ("type", &Value::from("output_text")),
-        ("text", &Value::from(text)),
-        ("annotations", &Value::new_array()),
-        ("logprobs", &Value::new_array()),
-    ]);
-    let content: Value = vec![part].into();
-    ordered(&[
-        ("type", &Value::from("message")),
-        ("id", &Value::from(id)),
-        ("status", &Value::from(status)),
-        ("role", &Value::from("assistant")),
-        ("content", &content),
-    ])
+    let mut s = Vec::with_capacity(128 + text.len());
+    put(&mut s, b"{\"type\":\"message\",\"id\":", id);
+    put(&mut s, b",\"status\":", status);
+    put(&mut s, b",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":", text);
+    s.extend_from_slice(b",\"annotations\":[],\"logprobs\":[]}]}");
+    item(&s)
 }
 
 pub(crate) fn reasoning_item(id: &str, text: &str) -> Value {
-    let part = ordered(&[("type", &Value::from("reasoning_text")), ("text", &Value::from(text))]);
-    let content: Value = vec![part].into();
-    ordered(&[
-        ("type", &Value::from("reasoning")),
-        ("id", &Value::from(id)),
-        ("summary", &Value::new_array()),
-        ("content", &content),
-    ])
+    let mut s = Vec::with_capacity(96 + text.len());
+    put(&mut s, b"{\"type\":\"reasoning\",\"id\":", id);
+    put(&mut s, b",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":", text);
+    s.extend_from_slice(b"}]}");
+    item(&s)
 }
 
 pub(crate) fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    ordered(&[
-        ("type", &Value::from("function_call")),
-        ("id", &Value::from(id)),
-        ("call_id", &Value::from(call_id)),
-        ("name", &Value::from(name)),
-        ("arguments", &Value::from(arguments)),
-        ("status", &Value::from(status)),
-    ])
+    let mut s = Vec::with_capacity(128 + arguments.len());
+    put(&mut s, b"{\"type\":\"function_call\",\"id\":", id);
+    put(&mut s, b",\"call_id\":", call_id);
+    put(&mut s, b",\"name\":", name);
+    put(&mut s, b",\"arguments\":", arguments);
+    put(&mut s, b",\"status\":", status);
+    s.push(b'}');
+    item(&s)
 }
 
 /// A server's tools as the response lists them (`mcp_list_tools`).

@@ -9,7 +9,8 @@ pub(crate) mod events;
 pub mod mcp;
 pub(crate) mod plan;
 pub mod store;
-pub(crate) mod turn;
+// Public for the benches (bench/responses.rs).
+pub mod turn;
 
 use sonic_rs::Value;
 

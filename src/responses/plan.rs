@@ -56,7 +56,7 @@ pub(crate) struct TurnPlan {
 impl TurnPlan {
     /// The writes that store the finished turn: the response (when stored), and the
     /// turn's input and output items appended to its conversation.
-    pub(crate) fn writes(&self, object: &Value, output: &[Value]) -> Vec<Op> {
+    pub(crate) fn writes(&self, object: &str, output: &[String]) -> Vec<Op> {
         let json = |v: &Value| sonic_rs::to_string(v).unwrap_or_default();
         let mut ops = Vec::new();
         if self.store {
@@ -67,22 +67,20 @@ impl TurnPlan {
                 conversation: self.conversation.clone(),
                 created_at: self.shell.created_at,
                 input: self.turn.input.iter().map(json).collect(),
-                output: output.iter().map(json).collect(),
-                body: json(object),
+                output: output.to_vec(),
+                body: object.to_string(),
                 context: self.context.clone(),
             })));
         }
         if let Some(c) = &self.conversation {
+            let item =
+                |json: String, v: Option<&Value>| Item { id: id_of(v, &json), json, created_at: self.shell.created_at };
             let items = self
                 .turn
                 .input
                 .iter()
-                .chain(output.iter())
-                .map(|v| Item {
-                    id: v.get("id").and_then(|i| i.as_str()).unwrap_or("").to_string(),
-                    json: json(v),
-                    created_at: self.shell.created_at,
-                })
+                .map(|v| item(json(v), Some(v)))
+                .chain(output.iter().map(|o| item(o.clone(), None)))
                 .collect();
             ops.push(Op::AppendItems { conversation: c.clone(), items });
         }
@@ -96,10 +94,17 @@ impl TurnPlan {
     /// The chat request of the MCP loop's next generation: the history, the input, and the
     /// output so far (its MCP calls with their outputs).
     pub(crate) fn next_chat(&self, output: &[Value], stream: bool) -> Value {
-        let mut items = self.prior.clone();
-        items.extend(self.turn.input.iter().cloned());
-        items.extend(output.iter().cloned());
+        let items = self.prior.iter().chain(self.turn.input.iter()).chain(output.iter());
         let tools = self.mcp.as_ref().map_or(&[][..], |m| &m.chat_tools[..]);
-        self.turn.chat_after(&items, tools, stream)
+        self.turn.chat_after(items, tools, stream)
     }
+}
+
+/// An item's id: from its value, or read from its JSON.
+fn id_of(v: Option<&Value>, json: &str) -> String {
+    let id = match v {
+        Some(v) => v.get("id").and_then(|i| i.as_str()).map(str::to_string),
+        None => sonic_rs::get(json, ["id"]).ok().and_then(|i| i.as_str().map(str::to_string)),
+    };
+    id.unwrap_or_default()
 }

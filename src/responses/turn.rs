@@ -13,7 +13,7 @@ use crate::api::ApiError;
 
 /// A read Responses request.
 #[derive(Debug)]
-pub(crate) struct Turn {
+pub struct Turn {
     pub model: String,
     /// This turn's input items, stored shape, each with its id.
     pub input: Vec<Value>,
@@ -62,7 +62,7 @@ fn opt_f64(doc: &Value, key: &str) -> Result<Option<f64>, ApiError> {
 /// `new_id("msg")`: `msg_` and 48 hex digits from the kernel's random source (an id is all a
 /// caller needs to read a stored record of its tenant's).
 pub(crate) fn new_id(prefix: &str) -> String {
-    let bytes = crate::random::bytes::<24>();
+    let bytes = crate::random::buffered::<24>();
     let mut id = String::with_capacity(prefix.len() + 49);
     id.push_str(prefix);
     id.push('_');
@@ -83,73 +83,79 @@ fn part_text(part: &Value) -> Option<&str> {
 }
 
 /// A message item's text, its parts joined.
-pub(crate) fn message_text(item: &Value) -> String {
+pub(crate) fn message_text(item: &Value) -> std::borrow::Cow<'_, str> {
     match item.get("content") {
-        Some(c) if c.is_str() => c.as_str().unwrap_or("").to_string(),
-        Some(c) => c.as_array().map(|a| a.iter().filter_map(part_text).collect::<String>()).unwrap_or_default(),
-        None => String::new(),
+        Some(c) if c.is_str() => std::borrow::Cow::Borrowed(c.as_str().unwrap_or("")),
+        Some(c) => match c.as_array() {
+            // One part (the common case) is borrowed, not joined.
+            Some(a) if a.len() == 1 => std::borrow::Cow::Borrowed(a.iter().find_map(part_text).unwrap_or("")),
+            Some(a) => std::borrow::Cow::Owned(a.iter().filter_map(part_text).collect::<String>()),
+            None => std::borrow::Cow::Borrowed(""),
+        },
+        None => std::borrow::Cow::Borrowed(""),
     }
 }
 
-/// One input item in its stored shape: a message gets `type`, `id`, `status` and its
-/// content as parts; a call and a call's output get an id.
-fn input_item(item: &Value) -> Result<Value, ApiError> {
+/// One input item in its stored shape (taken, not copied): a message gets `type`, `id`,
+/// `status` and its content as parts; a call and a call's output get an id.
+fn input_item(mut item: Value) -> Result<Value, ApiError> {
     if !item.is_object() {
         return Err(bad("input items must be objects"));
     }
-    let kind = item.get("type").and_then(|t| t.as_str()).unwrap_or("message");
-    let mut out = item.clone();
-    let obj = out.as_object_mut().expect("an object");
-    match kind {
+    let kind = item.get("type").and_then(|t| t.as_str()).unwrap_or("message").to_string();
+    let has = |item: &Value, k: &str| item.get(k).is_some_and(|v| v.is_str());
+    let needs_status = !has(&item, "status");
+    match kind.as_str() {
         "message" => {
             let role = item.get("role").and_then(|r| r.as_str()).ok_or_else(|| bad("a message item needs a 'role'"))?;
             if !matches!(role, "user" | "assistant" | "system" | "developer") {
                 return Err(bad(format!("unknown role '{role}': user, assistant, system or developer")));
             }
             let part = if role == "assistant" { "output_text" } else { "input_text" };
-            match item.get("content") {
+            let obj = item.as_object_mut().expect("an object");
+            match obj.get_mut(&"content") {
                 Some(c) if c.is_str() => {
-                    let text = c.as_str().unwrap_or("");
+                    let text = c.take();
                     obj.insert("content", json!([{"type": part, "text": text}]));
                 }
                 Some(c) if c.is_array() => {}
                 _ => return Err(bad("a message item's 'content' must be a string or an array of parts")),
             }
             obj.insert("type", "message");
-            if !item.get("status").is_some_and(|s| s.is_str()) {
+            if needs_status {
                 obj.insert("status", "completed");
             }
             ensure_id(obj, "msg");
         }
         "function_call" => {
             for k in ["call_id", "name", "arguments"] {
-                if !item.get(k).is_some_and(|v| v.is_str()) {
+                if !has(&item, k) {
                     return Err(bad(format!("a function_call item needs a string '{k}'")));
                 }
             }
-            if !item.get("status").is_some_and(|s| s.is_str()) {
+            let obj = item.as_object_mut().expect("an object");
+            if needs_status {
                 obj.insert("status", "completed");
             }
             ensure_id(obj, "fc");
         }
         "function_call_output" => {
-            if !item.get("call_id").is_some_and(|v| v.is_str()) {
+            if !has(&item, "call_id") {
                 return Err(bad("a function_call_output item needs a string 'call_id'"));
             }
             match item.get("output") {
-                Some(o) if o.is_str() => {}
-                Some(o) if o.is_array() => {}
+                Some(o) if o.is_str() || o.is_array() => {}
                 _ => return Err(bad("a function_call_output item needs an 'output' string")),
             }
-            ensure_id(obj, "fco");
+            ensure_id(item.as_object_mut().expect("an object"), "fco");
         }
-        "reasoning" => ensure_id(obj, "rs"),
+        "reasoning" => ensure_id(item.as_object_mut().expect("an object"), "rs"),
         // Earlier MCP turns' items, sent back: kept, and replayed as the calls they were.
-        "mcp_list_tools" => ensure_id(obj, "mcpl"),
-        "mcp_call" => ensure_id(obj, "mcp"),
+        "mcp_list_tools" => ensure_id(item.as_object_mut().expect("an object"), "mcpl"),
+        "mcp_call" => ensure_id(item.as_object_mut().expect("an object"), "mcp"),
         other => return Err(bad(format!("Unsupported input item type '{other}'"))),
     }
-    Ok(out)
+    Ok(item)
 }
 
 fn ensure_id(obj: &mut sonic_rs::Object, prefix: &str) {
@@ -162,20 +168,20 @@ fn ensure_id(obj: &mut sonic_rs::Object, prefix: &str) {
 
 impl Turn {
     /// Reads a Responses body (bounded already by the inspect phase).
-    pub(crate) fn read(body: &[u8]) -> Result<Turn, ApiError> {
-        let doc: Value = sonic_rs::from_slice(body).map_err(|e| bad(format!("request body: {e}")))?;
+    pub fn read(body: &[u8]) -> Result<Turn, ApiError> {
+        let mut doc: Value = sonic_rs::from_slice(body).map_err(|e| bad(format!("request body: {e}")))?;
         if !doc.is_object() {
             return Err(bad("the request body must be a JSON object"));
         }
         let model = opt_str(&doc, "model")?.unwrap_or_default();
-        let input = match doc.get("input") {
+        // The input is taken out of the document, not copied (a turn's largest part).
+        let input = match doc.get_mut("input").map(Value::take) {
             Some(v) if v.is_str() => {
-                let text = v.as_str().unwrap_or("");
-                let item = json!({"type": "message", "role": "user", "content": text});
-                vec![input_item(&item)?]
+                vec![input_item(json!({"type": "message", "role": "user", "content": v}))?]
             }
-            Some(v) if v.is_array() => {
-                v.as_array().expect("an array").iter().map(input_item).collect::<Result<Vec<_>, _>>()?
+            Some(mut v) if v.is_array() => {
+                let items = v.as_array_mut().expect("an array");
+                items.iter_mut().map(|i| input_item(i.take())).collect::<Result<Vec<_>, _>>()?
             }
             None => return Err(bad("'input' is required")),
             Some(_) => return Err(bad("'input' must be a string or an array of items")),
@@ -259,15 +265,18 @@ impl Turn {
     /// The chat body for the engine: `history` (earlier items, oldest first), then this
     /// turn's input; `extra_tools` are chat-shaped tools offered beside the function tools
     /// (the MCP servers' tools).
-    pub(crate) fn chat(&self, history: &[Value], extra_tools: &[Value], stream: bool) -> Value {
-        let mut items = history.to_vec();
-        items.extend(self.input.iter().cloned());
-        self.chat_after(&items, extra_tools, stream)
+    pub fn chat(&self, history: &[Value], extra_tools: &[Value], stream: bool) -> Value {
+        self.chat_after(history.iter().chain(self.input.iter()), extra_tools, stream)
     }
 
     /// The chat body for `items`, every item the model reads after the instructions.
-    pub(crate) fn chat_after(&self, items: &[Value], extra_tools: &[Value], stream: bool) -> Value {
-        let mut messages: Vec<Value> = Vec::with_capacity(items.len() + 1);
+    pub(crate) fn chat_after<'a>(
+        &self,
+        items: impl Iterator<Item = &'a Value>,
+        extra_tools: &[Value],
+        stream: bool,
+    ) -> Value {
+        let mut messages: Vec<Value> = Vec::with_capacity(8);
         if let Some(i) = &self.instructions {
             messages.push(json!({"role": "system", "content": i.as_str()}));
         }
@@ -352,13 +361,13 @@ fn push_message(messages: &mut Vec<Value>, item: &Value) {
                 "system" | "developer" => "system",
                 _ => "user",
             };
-            messages.push(json!({"role": role, "content": message_text(item)}));
+            messages.push(json!({"role": role, "content": message_text(item).as_ref()}));
         }
         "function_call" => push_call(messages, s("call_id"), s("name"), s("arguments")),
         "function_call_output" => {
             let output = match item.get("output") {
                 Some(o) if o.is_str() => o.as_str().unwrap_or("").to_string(),
-                Some(o) => message_text(&json!({"content": o})),
+                Some(o) => message_text(&json!({"content": o})).into_owned(),
                 None => String::new(),
             };
             messages.push(json!({"role": "tool", "tool_call_id": s("call_id"), "content": output}));
@@ -390,6 +399,15 @@ fn push_call(messages: &mut Vec<Value>, id: &str, name: &str, arguments: &str) {
         }
     }
     messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+}
+
+/// A stored chain's items as the next turn's history: each turn's input, then its output.
+pub fn chain_items(chain: &[crate::responses::store::StoredResponse]) -> Vec<Value> {
+    chain
+        .iter()
+        .flat_map(|r| r.input.iter().chain(r.output.iter()))
+        .map(|s| sonic_rs::from_str(s).unwrap_or_default())
+        .collect()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::api::history::{ids, HistoryOp};
 use crate::api::ApiError;
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
-use crate::responses::store::{Conversation, Item, Op, Reply, StoredResponse, Unavailable};
+use crate::responses::store::{Conversation, Item, Op, Reply, Unavailable};
 use crate::responses::turn::new_id;
 use crate::shard::Shard;
 use crate::workers::admin::AdminReply;
@@ -346,11 +346,6 @@ fn conversation_json(c: &Conversation) -> Value {
     let metadata = c.metadata.as_deref().map(parse).unwrap_or_else(Value::new_object);
     o.as_object_mut().expect("an object").insert("metadata", metadata);
     o
-}
-
-/// The stored response's items for chaining: its input, then its output.
-pub(crate) fn chain_items(chain: &[StoredResponse]) -> Vec<Value> {
-    chain.iter().flat_map(|r| r.input.iter().chain(r.output.iter())).map(|s| parse(s)).collect()
 }
 
 #[cfg(test)]

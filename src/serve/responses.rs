@@ -15,7 +15,7 @@ use super::error::Failure;
 use super::finish::Outcome;
 use super::forward;
 use super::grpc::GrpcRequest;
-use super::history::{chain_items, tenant_of, unavailable, visible};
+use super::history::{tenant_of, unavailable, visible};
 use crate::api::{ApiError, RESPONSES_TURN};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -24,7 +24,7 @@ use crate::responses::mcp::{McpUrl, Server};
 use crate::responses::ordered;
 use crate::responses::plan::{McpPlan, TurnPlan};
 use crate::responses::store::{unix_now, Op, Reply};
-use crate::responses::turn::{new_id, Turn};
+use crate::responses::turn::{chain_items, new_id, Turn};
 use crate::shard::Shard;
 
 /// Most conversation items a turn replays.

@@ -3,7 +3,10 @@
 //! records go first past a count bound, and records older than the retention go (a
 //! conversation counts from its last use). Time is the caller's `now`, in unix seconds.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Keyed by ids a client may choose (items, lookups): a randomly keyed hash, faster than SipHash.
+use ahash::AHashMap as HashMap;
 
 use super::record::{Conversation, Item, MemoryLimits, Op, Reply, StoredResponse, MAX_CHAIN};
 
@@ -15,7 +18,7 @@ struct Conv {
 }
 
 #[derive(Default)]
-pub(crate) struct Memory {
+pub struct Memory {
     limits: MemoryLimits,
     responses: HashMap<String, StoredResponse>,
     /// Response ids, oldest first (a deleted one stays until it reaches the front).
@@ -24,17 +27,20 @@ pub(crate) struct Memory {
     items: HashMap<String, Item>,
     /// Item ids, oldest first.
     item_order: VecDeque<(String, u64)>,
+    /// When idle conversations were last looked for.
+    swept: u64,
 }
 
 // === impl Memory ===
 
 impl Memory {
-    pub(crate) fn new(limits: MemoryLimits) -> Self {
+    pub fn new(limits: MemoryLimits) -> Self {
         Memory { limits, ..Memory::default() }
     }
 
-    pub(crate) fn apply(&mut self, op: Op, now: u64) -> Reply {
+    pub fn apply(&mut self, op: Op, now: u64) -> Reply {
         match op {
+            Op::Flush => Reply::Done,
             Op::PutResponse(r) => {
                 let r = *r;
                 self.response_order.push_back((r.id.clone(), now));
@@ -148,7 +154,10 @@ impl Memory {
             self.item_order.pop_front();
             self.items.remove(&id);
         }
-        if self.limits.retention_secs > 0 {
+        // Idle conversations are looked for once a second, not on every write (a scan of
+        // them all).
+        if self.limits.retention_secs > 0 && now != self.swept {
+            self.swept = now;
             self.conversations.retain(|_, c| now.saturating_sub(c.last_used) <= self.limits.retention_secs);
         }
     }

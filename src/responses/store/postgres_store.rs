@@ -275,6 +275,7 @@ impl Remote for PostgresHistory {
 async fn run(conn: &Conn, op: Op, _now: u64) -> Result<Reply, Failure> {
     let (c, st) = (&conn.client, &conn.st);
     Ok(match op {
+        Op::Flush => Reply::Done,
         Op::PutResponse(r) => {
             let record = encode(&*r)?;
             c.execute(&st.put_response, &[&r.id, &r.previous, &secs(r.created_at), &record]).await?;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// A stored response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct StoredResponse {
+pub struct StoredResponse {
     pub id: String,
     /// The tenant that created it (None: stored without a tenant identity, readable by all).
     pub tenant: Option<String>,
@@ -29,7 +29,7 @@ pub(crate) struct StoredResponse {
 
 /// A conversation's own record (its items are kept apart).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Conversation {
+pub struct Conversation {
     pub id: String,
     pub tenant: Option<String>,
     /// Unix seconds.
@@ -40,7 +40,7 @@ pub(crate) struct Conversation {
 
 /// An item of a conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Item {
+pub struct Item {
     pub id: String,
     /// The item as listed: a JSON object with its id.
     pub json: String,
@@ -50,7 +50,10 @@ pub(crate) struct Item {
 
 /// What a shard asks the storage thread.
 #[derive(Debug, Clone)]
-pub(crate) enum Op {
+pub enum Op {
+    /// Nothing but what every call does first: the memory store applies the writes sent so
+    /// far (`History::write`).
+    Flush,
     PutResponse(Box<StoredResponse>),
     GetResponse(String),
     /// The response and every one before it by `previous`, oldest first; None when `id` or
@@ -86,7 +89,7 @@ pub(crate) enum Op {
 
 /// The storage thread's answer.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Reply {
+pub enum Reply {
     Done,
     /// A delete: whether there was something to delete.
     Deleted(bool),
@@ -99,7 +102,7 @@ pub(crate) enum Reply {
 
 /// The backend could not answer: the caller's `503 storage_unavailable`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Unavailable(pub String);
+pub struct Unavailable(pub String);
 
 /// A chain longer than this is refused (a loop of `previous` ids, or a runaway client).
 pub(crate) const MAX_CHAIN: usize = 1000;

@@ -240,6 +240,7 @@ impl RedisHistory {
     async fn run(&self, con: &mut MultiplexedConnection, op: Op) -> Result<Reply, Failure> {
         let response_key = |id: &str| format!("{KEY_PREFIX}response:{id}");
         Ok(match op {
+            Op::Flush => Reply::Done,
             Op::PutResponse(r) => {
                 let key = response_key(&r.id);
                 let mut pipe = redis::pipe();

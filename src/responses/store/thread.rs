@@ -17,7 +17,10 @@ use super::redis_store::RedisHistory;
 /// SMG does not).
 pub(crate) fn start(backend: Backend, within: Duration) -> Result<History, String> {
     let (tx, rx) = flume::unbounded::<Ask>();
+    // The memory store's writes: taken before each call, never a wake-up of their own.
+    let (writes_tx, writes_rx) = flume::unbounded::<Op>();
     let stores = backend != Backend::None;
+    let backend_kind = if matches!(backend, Backend::Memory(_)) { Kind::Memory } else { Kind::Other };
     let (ready_tx, ready_rx) = flume::bounded::<Result<(), String>>(1);
     std::thread::Builder::new()
         .name("smg-history".into())
@@ -26,7 +29,11 @@ pub(crate) fn start(backend: Backend, within: Duration) -> Result<History, Strin
                 let _ = ready_tx.send(Ok(()));
                 let mut m = Memory::new(limits);
                 for ask in rx.iter() {
-                    let _ = ask.reply.send(Ok(m.apply(ask.op, unix_now())));
+                    let now = unix_now();
+                    for op in writes_rx.try_iter() {
+                        m.apply(op, now);
+                    }
+                    let _ = ask.reply.send(Ok(m.apply(ask.op, now)));
                 }
             }
             Backend::None => {
@@ -64,7 +71,13 @@ pub(crate) fn start(backend: Backend, within: Duration) -> Result<History, Strin
         })
         .map_err(|e| format!("history store thread: {e}"))?;
     ready_rx.recv().map_err(|_| "history store thread ended at start".to_string())??;
-    Ok(History::new(tx, within, stores))
+    let writes = matches!(backend_kind, Kind::Memory).then_some(writes_tx);
+    Ok(History::new(tx, within, stores, writes))
+}
+
+enum Kind {
+    Memory,
+    Other,
 }
 
 /// `--history-backend none`: every read finds nothing, every write is dropped.
@@ -76,7 +89,7 @@ fn nothing_stored(op: &Op) -> Reply {
         Op::ListItems { .. } => Reply::Items(Vec::new()),
         Op::GetItem { .. } => Reply::Item(None),
         Op::DeleteResponse(_) | Op::DeleteConversation(_) | Op::DeleteItem { .. } => Reply::Deleted(false),
-        Op::PutResponse(_) | Op::PutConversation(_) | Op::AppendItems { .. } => Reply::Done,
+        Op::Flush | Op::PutResponse(_) | Op::PutConversation(_) | Op::AppendItems { .. } => Reply::Done,
     }
 }
 

@@ -708,7 +708,10 @@ async fn finish_turn(
             let mut last = Vec::new();
             events.feed(&tail, &mut last);
             let (mut object, output, _) = events.end(&mut last);
-            store(shard, ctx, turn, &mut object, &output).await;
+            let output: Vec<String> = output.iter().map(|v| sonic_rs::to_string(v).unwrap_or_default()).collect();
+            if !store(shard, ctx, turn, &sonic_rs::to_string(&object).unwrap_or_default(), &output).await {
+                unstored(&mut object);
+            }
             events.completed(object, &mut last);
             if !out.send(&mut client.stream, &last).await {
                 return Ok(Outcome::ClientGone);
@@ -723,9 +726,14 @@ async fn finish_turn(
                     (output, ending, crate::responses::answer::Usage::of_chat(chat.get("usage")))
                 }
             };
-            let mut object = turn.shell.object(Some(ending), &output, Some(used));
-            store(shard, ctx, turn, &mut object, &output).await;
-            out.whole(sonic_rs::to_vec(&object).unwrap_or_default());
+            let output: Vec<String> = output.iter().map(|v| sonic_rs::to_string(v).unwrap_or_default()).collect();
+            let mut body = turn.shell.object_json(Some(ending), &output, Some(used));
+            if !store(shard, ctx, turn, &body, &output).await {
+                let mut object: sonic_rs::Value = sonic_rs::from_str(&body).unwrap_or_default();
+                unstored(&mut object);
+                body = sonic_rs::to_string(&object).unwrap_or_default();
+            }
+            out.whole(body.into_bytes());
         }
     }
     Ok(end(out, client, ctx, usage, RelayEnd::Done { reusable: false }).await)
@@ -751,23 +759,23 @@ impl Shape {
     }
 }
 
-/// Stores a finished turn before its last event or its body goes out. A store that fails
-/// is said in the answer (`store: false`): a response reported stored is one that was.
-async fn store(
-    shard: &Shard,
-    ctx: &RequestCtx,
-    turn: &TurnPlan,
-    object: &mut sonic_rs::Value,
-    output: &[sonic_rs::Value],
-) {
+/// Stores a finished turn (`object`: the response's JSON) before its last event or its body
+/// goes out. False when it could not be: the answer then says `store: false`, since a
+/// response reported stored is one that was.
+async fn store(shard: &Shard, ctx: &RequestCtx, turn: &TurnPlan, object: &str, output: &[String]) -> bool {
     for op in turn.writes(object, output) {
-        if let Err(e) = shard.history().ask(op).await {
+        if let Err(e) = shard.history().write(op).await {
             crate::warn!("request {}: response {} not stored: {}", ctx.id_str(), turn.shell.id, e.0);
-            if let Some(o) = object.as_object_mut() {
-                o.insert("store", false);
-            }
-            return;
+            return false;
         }
+    }
+    true
+}
+
+/// The object as answered after a store that failed.
+fn unstored(object: &mut sonic_rs::Value) {
+    if let Some(o) = object.as_object_mut() {
+        o.insert("store", false);
     }
 }
 
