@@ -32,9 +32,13 @@ struct McpServer {
 
 impl McpServer {
     fn start(sse: bool) -> McpServer {
+        McpServer::start_with(sse, &[])
+    }
+
+    fn start_with(sse: bool, extra: &[&str]) -> McpServer {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/mcp_server.py");
         let mut cmd = Command::new("python3");
-        cmd.arg(script).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.arg(script).args(extra).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         if sse {
             cmd.arg("--sse");
         }
@@ -252,4 +256,63 @@ fn the_loop_is_bounded_and_failures_are_named() {
         assert_eq!(sim.served(), served, "nothing generated for a refused turn");
         ok(&p(&tools));
     });
+}
+
+/// A test CA and a certificate it signed for `localhost` and 127.0.0.1 (openssl), in a
+/// directory of its own: (the directory, the CA, the certificate, its key).
+fn certificate() -> (std::path::PathBuf, String, String, String) {
+    let dir = std::env::temp_dir().join(format!("smg-mcp-tls-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
+    let steps: [Vec<String>; 3] = [
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=smg-test-ca", "-keyout"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([p("ca.key"), "-out".into(), p("ca.pem")])
+            .collect(),
+        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([p("key.pem"), "-out".into(), p("leaf.csr")])
+            .collect(),
+        ["x509", "-req", "-days", "1", "-CAcreateserial", "-in"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([p("leaf.csr"), "-CA".into(), p("ca.pem"), "-CAkey".into(), p("ca.key")])
+            .chain(["-extfile".into(), p("san.ext"), "-out".into(), p("cert.pem")])
+            .collect(),
+    ];
+    for args in steps {
+        let ok = Command::new("openssl").args(&args).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        assert!(ok.expect("openssl").success(), "openssl {args:?}");
+    }
+    let (ca, cert, key) = (p("ca.pem"), p("cert.pem"), p("key.pem"));
+    (dir, ca, cert, key)
+}
+
+#[test]
+fn an_https_server_is_reached_through_tls() {
+    let (dir, ca, cert, key) = certificate();
+    both_drivers(|legacy| {
+        let mcp = McpServer::start_with(false, &["--tls-cert", &cert, "--tls-key", &key]);
+        let sim = agent();
+        let (mut cmd, port) = launch_command(
+            legacy,
+            &["--worker-urls", &sim.grpc_url(), "--cores", "2", "--health-check-interval-secs", "1"],
+        );
+        // The test CA is the only root the gateway trusts.
+        cmd.env("SSL_CERT_FILE", &ca).env_remove("HTTPS_PROXY").env_remove("https_proxy");
+        let gw = Gateway::spawn(cmd, port, "gateway");
+        gw.ready_workers(1);
+        let url = format!("https://localhost:{}/mcp", mcp.port);
+        let v = ok(&post(gw.port, "/v1/responses", &turn(&mcp_tool(&url, ""), ""), &[]));
+        // The listing and the call's output came from the server, over TLS.
+        check_loop_output(&v);
+        // Plain HTTP to a TLS server is refused by it: the listing fails, named.
+        let plain = format!("http://127.0.0.1:{}/mcp", mcp.port);
+        let r = post(gw.port, "/v1/responses", &turn(&mcp_tool(&plain, ""), ""), &[]);
+        assert_eq!(r.status, 424, "{}", r.text());
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,8 @@ Tools: get_weather(city), add(a, b), broken() (answers isError). `initialize` op
 (`Mcp-Session-Id`); every later message must carry it. Each message is recorded (method,
 session, Authorization and X-* headers); GET /log answers the record as JSON. With --sse the
 answers are SSE streams (a progress notification, then the reply). Prints `listening PORT`
-once serving on 127.0.0.1. Stops on SIGTERM or when stdin closes.
+once serving on 127.0.0.1 (HTTPS with --tls-cert and --tls-key). Stops on SIGTERM or when
+stdin closes.
 """
 
 import argparse
@@ -110,10 +111,17 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--sse", action="store_true")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM) ...")
+    p.add_argument("--tls-key", help="... and this key")
     args = p.parse_args()
     Handler.sse = args.sse
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
+    if args.tls_cert:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     # A parent that goes away closes our stdin: stop then too.
     threading.Thread(target=lambda: (sys.stdin.read(), server.shutdown()), daemon=True).start()

@@ -26,20 +26,32 @@ pub(crate) struct Answer {
 /// POSTs `body` (request `id`, or a notification when None) within `within`.
 pub(crate) async fn post(
     server: &Server,
+    to: Option<std::net::SocketAddr>,
     session: Option<&str>,
     body: &[u8],
     id: Option<u64>,
     within: Duration,
 ) -> Result<Answer, String> {
-    match tokio::time::timeout(within, exchange(server, session, body, id)).await {
+    match tokio::time::timeout(within, exchange(server, to, session, body, id)).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {} s", within.as_secs_f64())),
     }
 }
 
-async fn exchange(server: &Server, session: Option<&str>, body: &[u8], id: Option<u64>) -> Result<Answer, String> {
+async fn exchange(
+    server: &Server,
+    to: Option<std::net::SocketAddr>,
+    session: Option<&str>,
+    body: &[u8],
+    id: Option<u64>,
+) -> Result<Answer, String> {
     let url = &server.url;
-    let mut s = TcpStream::connect((url.host.as_str(), url.port)).await.map_err(|e| format!("connect: {e}"))?;
+    let connected = match to {
+        // https://: the egress thread's loopback port, piped to TLS.
+        Some(addr) => TcpStream::connect(addr).await,
+        None => TcpStream::connect((url.host.as_str(), url.port)).await,
+    };
+    let mut s = connected.map_err(|e| format!("connect: {e}"))?;
     let mut req = format!(
         "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n",
         url.path,

@@ -1,7 +1,7 @@
 //! MCP (Model Context Protocol) servers for the Responses API's `mcp` tools: the gateway
 //! lists a server's tools, offers them to the model, and runs each call the model makes
 //! (the loop: src/serve/grpc/mcp_loop.rs). Messages are JSON-RPC over Streamable HTTP
-//! (`rpc.rs`, `http.rs`), sent by one thread, `smg-mcp` (tokio, never a shard: a call may
+//! (`rpc.rs`, `http.rs`; an https:// server through the egress thread's TLS), sent by one thread, `smg-mcp` (tokio, never a shard: a call may
 //! take seconds), which shards ask by message ([`Mcp::list`], [`Mcp::call`]).
 //!
 //! A server comes from the request (`server_url`, `authorization`, `headers`) or, by its
@@ -126,15 +126,31 @@ impl Mcp {
                     }
                 };
                 rt.block_on(async move {
+                    // https:// servers: the egress thread's loopback port per origin, each
+                    // connection to it piped to TLS (proxy, roots and SNI as for providers).
+                    let mut egress: Option<crate::egress::Egress> = None;
                     while let Ok(ask) = rx.recv_async().await {
+                        let url = match &ask {
+                            Ask::List { server, .. } | Ask::Call { server, .. } => &server.url,
+                        };
+                        let to = match through(&mut egress, url) {
+                            Ok(to) => to,
+                            Err(e) => {
+                                match ask {
+                                    Ask::List { reply, .. } => drop(reply.send(Err(e))),
+                                    Ask::Call { reply, .. } => drop(reply.send(Called::Failed(e))),
+                                }
+                                continue;
+                            }
+                        };
                         tokio::spawn(async move {
                             match ask {
                                 Ask::List { server, within, reply } => {
-                                    let _ = reply.send(list(&server, within).await);
+                                    let _ = reply.send(list(&server, to, within).await);
                                 }
                                 Ask::Call { server, session, name, arguments, within, reply } => {
-                                    let _ =
-                                        reply.send(call(&server, session.as_deref(), &name, &arguments, within).await);
+                                    let called = call(&server, to, session.as_deref(), &name, &arguments, within).await;
+                                    let _ = reply.send(called);
                                 }
                             }
                         });
@@ -169,21 +185,34 @@ impl Mcp {
     }
 }
 
-async fn list(server: &Server, within: Duration) -> Result<Listed, String> {
+/// Where the MCP thread connects for `url`: its host, or for https:// the egress thread's
+/// loopback port for its origin (the egress thread started at the first one).
+fn through(egress: &mut Option<crate::egress::Egress>, url: &McpUrl) -> Result<Option<std::net::SocketAddr>, String> {
+    if !url.tls {
+        return Ok(None);
+    }
+    if egress.is_none() {
+        *egress = Some(crate::egress::Egress::start()?);
+    }
+    let origin = crate::egress::Origin { host: url.host.clone(), port: url.port };
+    egress.as_mut().expect("started").port(&origin).map(Some)
+}
+
+async fn list(server: &Server, to: Option<std::net::SocketAddr>, within: Duration) -> Result<Listed, String> {
     let deadline = tokio::time::Instant::now() + within;
     let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
-    let init = http::post(server, None, &rpc::initialize(1), Some(1), left()).await?;
+    let init = http::post(server, to, None, &rpc::initialize(1), Some(1), left()).await?;
     if let Some(rpc::Reply::Error(e)) = init.reply {
         return Err(format!("initialize: {e}"));
     }
     let session = init.session;
-    http::post(server, session.as_deref(), &rpc::initialized(), None, left()).await?;
+    http::post(server, to, session.as_deref(), &rpc::initialized(), None, left()).await?;
     let mut tools = Vec::new();
     let mut cursor: Option<String> = None;
     for page in 0..MAX_PAGES {
         let id = 2 + page as u64;
-        let a =
-            http::post(server, session.as_deref(), &rpc::list_tools(id, cursor.as_deref()), Some(id), left()).await?;
+        let a = http::post(server, to, session.as_deref(), &rpc::list_tools(id, cursor.as_deref()), Some(id), left())
+            .await?;
         let result = match a.reply {
             Some(rpc::Reply::Result(r)) => r,
             Some(rpc::Reply::Error(e)) => return Err(format!("tools/list: {e}")),
@@ -199,8 +228,15 @@ async fn list(server: &Server, within: Duration) -> Result<Listed, String> {
     Ok(Listed { session, tools })
 }
 
-async fn call(server: &Server, session: Option<&str>, name: &str, arguments: &Value, within: Duration) -> Called {
-    match http::post(server, session, &rpc::call_tool(1, name, arguments), Some(1), within).await {
+async fn call(
+    server: &Server,
+    to: Option<std::net::SocketAddr>,
+    session: Option<&str>,
+    name: &str,
+    arguments: &Value,
+    within: Duration,
+) -> Called {
+    match http::post(server, to, session, &rpc::call_tool(1, name, arguments), Some(1), within).await {
         Ok(http::Answer { reply: Some(rpc::Reply::Result(r)), .. }) => match rpc::call_output(&r) {
             (text, false) => Called::Output(text),
             (text, true) => Called::Failed(text),
@@ -224,7 +260,8 @@ mod tests {
         );
         let u = McpUrl::parse("http://example.com").unwrap();
         assert_eq!((u.port, u.path.as_str()), (80, "/"));
-        assert!(McpUrl::parse("https://example.com/mcp").is_err());
+        let u = McpUrl::parse("https://example.com/mcp").unwrap();
+        assert!(u.tls && u.port == 443);
         assert!(McpUrl::parse("ftp://x").is_err());
     }
 }
