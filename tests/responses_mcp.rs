@@ -249,10 +249,6 @@ fn the_loop_is_bounded_and_failures_are_named() {
         assert_eq!(code(p(&mcp_tool(&down, "")), 424), "mcp_list_tools_failed");
         // A label neither sent with a URL nor configured.
         assert_eq!(code(p(r#"{"type":"mcp","server_label":"nowhere"}"#), 400), "invalid_request_error");
-        // Approvals are not served.
-        let always =
-            format!(r#"{{"type":"mcp","server_label":"wx","server_url":"{}","require_approval":"always"}}"#, mcp.url());
-        assert_eq!(code(p(&always), 501), "not_implemented");
         assert_eq!(sim.served(), served, "nothing generated for a refused turn");
         ok(&p(&tools));
     });
@@ -315,4 +311,56 @@ fn an_https_server_is_reached_through_tls() {
         assert_eq!(r.status, 424, "{}", r.text());
     });
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_call_that_needs_approval_waits_for_the_clients_answer() {
+    both_drivers(|legacy| {
+        let mcp = McpServer::start(false);
+        let sim = agent();
+        let gw = gateway(legacy, &[&sim], &[]);
+        let tools =
+            format!(r#"{{"type":"mcp","server_label":"wx","server_url":"{}","require_approval":"always"}}"#, mcp.url());
+        let calls = |mcp: &McpServer| mcp.log().iter().filter(|m| m["method"].as_str() == Some("tools/call")).count();
+        for stream in [false, true] {
+            let before = calls(&mcp);
+            // The model's call is asked about, not run; the turn ends there.
+            let body = turn(&tools, &format!(r#","stream":{stream}"#));
+            let r = post(gw.port, "/v1/responses", &body, &[]);
+            let v = if stream { events(&r).last().unwrap()["response"].clone() } else { ok(&r) };
+            assert_eq!(types(&v), ["mcp_list_tools", "message", "mcp_approval_request"], "{v:?}");
+            let request = &v["output"][2];
+            assert_eq!(request["name"].as_str(), Some("get_weather"));
+            assert_eq!(request["server_label"].as_str(), Some("wx"));
+            assert_eq!(calls(&mcp), before, "nothing runs before the client approves");
+            let (id, asked) = (v["id"].as_str().unwrap(), request["id"].as_str().unwrap());
+            // Approved: the call runs, and the model answers with its output.
+            let answer = |approve: bool| {
+                format!(
+                    r#"{{"model":"{MODEL}","previous_response_id":"{id}","tools":[{tools}],"stream":{stream},"input":[{{"type":"mcp_approval_response","approval_request_id":"{asked}","approve":{approve}}}]}}"#
+                )
+            };
+            let r = post(gw.port, "/v1/responses", &answer(true), &[]);
+            let v = if stream { events(&r).last().unwrap()["response"].clone() } else { ok(&r) };
+            assert_eq!(types(&v), ["mcp_list_tools", "mcp_call", "message"], "{v:?}");
+            let call = &v["output"][1];
+            assert_eq!(call["approval_request_id"].as_str(), Some(asked));
+            assert_eq!(call["status"].as_str(), Some("completed"));
+            let said = call["output"].as_str().unwrap();
+            assert!(v["output"][2]["content"][0]["text"].as_str().unwrap().contains(said), "{v:?}");
+            assert_eq!(calls(&mcp), before + 1);
+            // Refused: not run; the model hears so.
+            let r = post(gw.port, "/v1/responses", &answer(false), &[]);
+            let v = if stream { events(&r).last().unwrap()["response"].clone() } else { ok(&r) };
+            assert_eq!(v["output"][1]["status"].as_str(), Some("failed"), "{v:?}");
+            assert!(v["output"][1]["error"].as_str().unwrap().contains("not approved"));
+            assert_eq!(calls(&mcp), before + 1);
+        }
+        // An answer to a request the history does not hold.
+        let body = format!(
+            r#"{{"model":"{MODEL}","tools":[{tools}],"input":[{{"type":"mcp_approval_response","approval_request_id":"mcpr_nope","approve":true}}]}}"#
+        );
+        let r = post(gw.port, "/v1/responses", &body, &[]);
+        assert_eq!(r.status, 400, "{}", r.text());
+    });
 }

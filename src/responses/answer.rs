@@ -276,6 +276,29 @@ pub(crate) fn mcp_call_item(
     arguments: &str,
     result: Option<&Result<String, String>>,
 ) -> Value {
+    mcp_call_item_approved(id, label, name, arguments, result, None)
+}
+
+/// An approval request's item: the call the model made, waiting for the client's answer.
+pub(crate) fn approval_request_item(id: &str, label: &str, name: &str, arguments: &str) -> Value {
+    let mut s = Vec::with_capacity(128 + arguments.len());
+    put(&mut s, b"{\"type\":\"mcp_approval_request\",\"id\":", id);
+    put(&mut s, b",\"server_label\":", label);
+    put(&mut s, b",\"name\":", name);
+    put(&mut s, b",\"arguments\":", arguments);
+    s.push(b'}');
+    item(&s)
+}
+
+/// [`mcp_call_item`] of a call the client answered (`approval_request_id`).
+pub(crate) fn mcp_call_item_approved(
+    id: &str,
+    label: &str,
+    name: &str,
+    arguments: &str,
+    result: Option<&Result<String, String>>,
+    approval: Option<&str>,
+) -> Value {
     let (output, error, status) = match result {
         None => (Value::new_null(), Value::new_null(), "in_progress"),
         Some(Ok(o)) => (Value::from(o.as_str()), Value::new_null(), "completed"),
@@ -290,7 +313,7 @@ pub(crate) fn mcp_call_item(
         ("output", &output),
         ("error", &error),
         ("status", &Value::from(status)),
-        ("approval_request_id", &Value::new_null()),
+        ("approval_request_id", &approval.map_or(Value::new_null(), Value::from)),
     ])
 }
 

@@ -11,7 +11,9 @@
 
 use sonic_rs::{json, JsonContainerTrait, JsonValueMutTrait, JsonValueTrait, Value};
 
-use super::answer::{call_item, mcp_call_item, message_item, reasoning_item, Ending, Shell, Usage};
+use super::answer::{
+    approval_request_item, call_item, mcp_call_item, message_item, reasoning_item, Ending, Shell, Usage,
+};
 use super::turn::new_id;
 
 #[derive(Debug, PartialEq)]
@@ -57,8 +59,8 @@ pub(crate) struct Events {
     finish: Option<String>,
     failed: bool,
     started: bool,
-    /// MCP tools the model was offered: (tool name, server label).
-    mcp: Vec<(String, String)>,
+    /// MCP tools the model was offered: (tool name, server label, a call waits for approval).
+    mcp: Vec<(String, String, bool)>,
     /// This round's MCP calls, not run yet.
     pending: Vec<PendingCall>,
     /// This round made a call of a function the client runs.
@@ -214,9 +216,16 @@ impl Events {
             self.close(out);
             let call_id = c.get("id").and_then(|v| v.as_str()).unwrap_or("").to_string();
             let name = f("name").to_string();
-            let mcp = self.mcp.iter().find(|(t, _)| *t == name).map(|(_, l)| l.clone());
+            let found = self.mcp.iter().find(|(t, _, _)| *t == name);
+            let asks = found.is_some_and(|(_, _, a)| *a);
+            let mcp = found.map(|(_, l, _)| l.clone());
             let at = self.index();
             let id = match &mcp {
+                // A call that waits for approval is said whole when it ends (`close`).
+                Some(_) if asks => {
+                    self.plain_calls = true;
+                    new_id("mcpr")
+                }
                 Some(label) => {
                     let id = new_id("mcp");
                     let item = mcp_call_item(&id, label, &name, "", None);
@@ -242,8 +251,12 @@ impl Events {
         if delta.is_empty() {
             return;
         }
+        let asks = matches!(&self.open, Open::Call { id, .. } if id.starts_with("mcpr_"));
         let Open::Call { id, arguments, mcp, .. } = &mut self.open else { unreachable!() };
         arguments.push_str(delta);
+        if asks {
+            return;
+        }
         let kind =
             if mcp.is_some() { "response.mcp_call_arguments.delta" } else { "response.function_call_arguments.delta" };
         let body = json!({"item_id": id.as_str(), "output_index": self.output.len(), "delta": delta});
@@ -274,6 +287,16 @@ impl Events {
                 self.emit(out, "response.function_call_arguments.done", body);
                 call_item(&id, &call_id, &name, &arguments, "completed")
             }
+            Open::Call { id, name, arguments, mcp: Some(label), .. } if id.starts_with("mcpr_") => {
+                // The client approves it (or not) in its next turn.
+                let item = approval_request_item(&id, &label, &name, &arguments);
+                self.emit(
+                    out,
+                    "response.output_item.added",
+                    super::ordered(&[("output_index", &index.into()), ("item", &item)]),
+                );
+                item
+            }
             Open::Call { id, name, arguments, mcp: Some(label), .. } => {
                 // Run by the relay after the generation; `mcp_done` finishes the item.
                 let body = json!({"item_id": id.as_str(), "output_index": index, "arguments": arguments.as_str()});
@@ -290,7 +313,7 @@ impl Events {
 
     /// The MCP tools offered (tool name, server label), and their servers' listings, which
     /// open the output.
-    pub(crate) fn mcp(&mut self, tools: Vec<(String, String)>, listings: &[Value], out: &mut Vec<u8>) {
+    pub(crate) fn mcp(&mut self, tools: Vec<(String, String, bool)>, listings: &[Value], out: &mut Vec<u8>) {
         self.start(out);
         self.mcp = tools;
         for item in listings {
@@ -308,6 +331,24 @@ impl Events {
             let body = json!({"output_index": index, "item_id": id.as_str()});
             self.emit(out, "response.mcp_list_tools.in_progress", body.clone());
             self.emit(out, "response.mcp_list_tools.completed", body);
+            self.emit(
+                out,
+                "response.output_item.done",
+                super::ordered(&[("output_index", &index.into()), ("item", item)]),
+            );
+            self.output.push(item.clone());
+        }
+    }
+
+    /// Items made before the first generation (calls the client answered), said whole.
+    pub(crate) fn items(&mut self, items: &[Value], out: &mut Vec<u8>) {
+        for item in items {
+            let index = self.index();
+            self.emit(
+                out,
+                "response.output_item.added",
+                super::ordered(&[("output_index", &index.into()), ("item", item)]),
+            );
             self.emit(
                 out,
                 "response.output_item.done",
@@ -495,7 +536,7 @@ mod tests {
         let mut e = Events::new(Shell::new(&turn, "resp_1".into(), 1, "m"));
         let mut out = Vec::new();
         let listing = sonic_rs::json!({"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "wx", "tools": []});
-        e.mcp(vec![("get_weather".into(), "wx".into())], &[listing], &mut out);
+        e.mcp(vec![("get_weather".into(), "wx".into(), false)], &[listing], &mut out);
         let chat = [
             chunk(r#"{"content":"Let me see."}"#, None),
             chunk(

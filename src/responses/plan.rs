@@ -13,6 +13,12 @@ use super::turn::Turn;
 pub(crate) struct McpPlan {
     /// Each server, and the session its tools were listed in.
     pub servers: Vec<(Server, Option<String>)>,
+    /// Per server: `require_approval: "always"` (each call waits for the client's
+    /// `mcp_approval_response`, SMG's interactive mode; any other value runs calls at once).
+    pub approval: Vec<bool>,
+    /// Calls the client answered (approved and run, or refused) before this turn's first
+    /// generation: `mcp_call` items that open the output after the listings.
+    pub answered: Vec<Value>,
     /// Tool name → its server (index in `servers`).
     pub tools: Vec<(String, usize)>,
     /// The `mcp_list_tools` items that open the output.
@@ -29,9 +35,14 @@ impl McpPlan {
         self.tools.iter().find(|(t, _)| t == name).map(|(_, i)| &self.servers[*i])
     }
 
-    /// (tool name, server label) of every tool.
-    pub(crate) fn labels(&self) -> Vec<(String, String)> {
-        self.tools.iter().map(|(t, i)| (t.clone(), self.servers[*i].0.label.clone())).collect()
+    /// (tool name, server label, whether a call waits for approval) of every tool.
+    pub(crate) fn labels(&self) -> Vec<(String, String, bool)> {
+        self.tools.iter().map(|(t, i)| (t.clone(), self.servers[*i].0.label.clone(), self.approval[*i])).collect()
+    }
+
+    /// Whether a call of `name` waits for the client's approval.
+    pub(crate) fn needs_approval(&self, name: &str) -> bool {
+        self.tools.iter().find(|(t, _)| t == name).is_some_and(|(_, i)| self.approval[*i])
     }
 }
 
@@ -94,6 +105,7 @@ impl TurnPlan {
     /// The chat request of the MCP loop's next generation: the history, the input, and the
     /// output so far (its MCP calls with their outputs).
     pub(crate) fn next_chat(&self, output: &[Value], stream: bool) -> Value {
+        // The answered calls of an approval are in `output` already (the loop's first items).
         let items = self.prior.iter().chain(self.turn.input.iter()).chain(output.iter());
         let tools = self.mcp.as_ref().map_or(&[][..], |m| &m.chat_tools[..]);
         self.turn.chat_after(items, tools, stream)

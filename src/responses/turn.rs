@@ -153,6 +153,13 @@ fn input_item(mut item: Value) -> Result<Value, ApiError> {
         // Earlier MCP turns' items, sent back: kept, and replayed as the calls they were.
         "mcp_list_tools" => ensure_id(item.as_object_mut().expect("an object"), "mcpl"),
         "mcp_call" => ensure_id(item.as_object_mut().expect("an object"), "mcp"),
+        "mcp_approval_request" => ensure_id(item.as_object_mut().expect("an object"), "mcpr"),
+        "mcp_approval_response" => {
+            if !has(&item, "approval_request_id") || !item.get("approve").is_some_and(|a| a.is_boolean()) {
+                return Err(bad("an mcp_approval_response needs 'approval_request_id' and a boolean 'approve'"));
+            }
+            ensure_id(item.as_object_mut().expect("an object"), "mcpa")
+        }
         other => return Err(bad(format!("Unsupported input item type '{other}'"))),
     }
     Ok(item)

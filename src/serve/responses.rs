@@ -19,8 +19,8 @@ use super::history::{tenant_of, unavailable, visible};
 use crate::api::{ApiError, RESPONSES_TURN};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
-use crate::responses::answer::{listing_item, Shell};
-use crate::responses::mcp::{McpUrl, Server};
+use crate::responses::answer::{listing_item, mcp_call_item_approved, Shell};
+use crate::responses::mcp::{Called, McpUrl, Server};
 use crate::responses::ordered;
 use crate::responses::plan::{McpPlan, TurnPlan};
 use crate::responses::store::{unix_now, Op, Reply};
@@ -99,8 +99,14 @@ pub(super) async fn turn(
         Ok(m) => m,
         Err(e) => return reject(e),
     };
-    let extra: &[sonic_rs::Value] = mcp.as_ref().map_or(&[], |m| &m.chat_tools);
-    let chat = turn.chat(&prior, extra, turn.stream);
+    let mut mcp = mcp;
+    if let Some(plan) = mcp.as_mut() {
+        if let Err(e) = answer_approvals(shard, ctx, plan, &turn, &prior).await {
+            return reject(e);
+        }
+    }
+    let (extra, answered): (&[Value], &[Value]) = mcp.as_ref().map_or((&[], &[]), |m| (&m.chat_tools, &m.answered));
+    let chat = turn.chat_after(prior.iter().chain(turn.input.iter()).chain(answered.iter()), extra, turn.stream);
     ctx.streaming = turn.stream;
     let plan = TurnPlan {
         shell: Shell::new(&turn, new_id("resp"), unix_now(), &model),
@@ -133,13 +139,15 @@ async fn mcp_plan(shard: &Shard, turn: &Turn) -> Result<Option<McpPlan>, ApiErro
     }
     let mut plan = McpPlan {
         servers: Vec::new(),
+        approval: Vec::new(),
+        answered: Vec::new(),
         tools: Vec::new(),
         listings: Vec::new(),
         chat_tools: Vec::new(),
         max_calls: turn.max_tool_calls.map_or(DEFAULT_MAX_CALLS, |n| n as usize),
     };
     for spec in &turn.mcp {
-        let server = mcp_server(shard, spec)?;
+        let (server, asks) = mcp_server(shard, spec)?;
         let listed = shard.mcp().list(server.clone(), LIST_WITHIN).await.map_err(|e| {
             let msg = format!("Error retrieving tool list from MCP server '{}': {e}", server.label);
             ApiError::new(424, "mcp_list_tools_failed", msg)
@@ -167,23 +175,18 @@ async fn mcp_plan(shard: &Shard, turn: &Turn) -> Result<Option<McpPlan>, ApiErro
         }
         plan.listings.push(listing_item(&new_id("mcpl"), &server.label, &tools));
         plan.servers.push((server, listed.session));
+        plan.approval.push(asks);
     }
     Ok(Some(plan))
 }
 
 /// The server an `mcp` tool names: its `server_url`, else `--mcp-config-path`'s server of
 /// its label; its `authorization` and `headers` go with every message.
-fn mcp_server(shard: &Shard, spec: &Value) -> Result<Server, ApiError> {
+fn mcp_server(shard: &Shard, spec: &Value) -> Result<(Server, bool), ApiError> {
     let label =
         spec.get("server_label").and_then(|l| l.as_str()).ok_or_else(|| bad("an mcp tool needs a 'server_label'"))?;
-    match spec.get("require_approval") {
-        None => {}
-        Some(v) if v.is_null() || v.as_str() == Some("never") => {}
-        Some(_) => {
-            let msg = "MCP approvals are not served by this gateway: set require_approval to \"never\"";
-            return Err(ApiError::new(501, "not_implemented", msg));
-        }
-    }
+    // SMG's rule: "always" asks the client before each call; any other value runs them.
+    let asks = spec.get("require_approval").and_then(|v| v.as_str()) == Some("always");
     let mut server = match spec.get("server_url").and_then(|u| u.as_str()) {
         Some(url) => {
             let url = McpUrl::parse(url).map_err(bad)?;
@@ -211,7 +214,47 @@ fn mcp_server(shard: &Shard, spec: &Value) -> Result<Server, ApiError> {
         let value = if a.starts_with("Bearer ") { a.to_string() } else { format!("Bearer {a}") };
         server.headers.push(("Authorization".to_string(), value));
     }
-    Ok(server)
+    Ok((server, asks))
+}
+
+/// The client's answers to approval requests of an earlier turn (`mcp_approval_response`
+/// items in the input): each approved call is run, each refused one is not, and both become
+/// `mcp_call` items the model reads before it answers. An answer to a request the history
+/// does not hold is refused.
+async fn answer_approvals(
+    shard: &Shard,
+    ctx: &RequestCtx,
+    plan: &mut McpPlan,
+    turn: &Turn,
+    prior: &[Value],
+) -> Result<(), ApiError> {
+    let s = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
+    for answer in turn.input.iter().filter(|i| i.get("type").and_then(|t| t.as_str()) == Some("mcp_approval_response"))
+    {
+        let asked = s(answer, "approval_request_id");
+        let request = prior
+            .iter()
+            .find(|i| i.get("type").and_then(|t| t.as_str()) == Some("mcp_approval_request") && s(i, "id") == asked)
+            .ok_or_else(|| bad(format!("No MCP approval request with id '{asked}' in this conversation")))?;
+        let (label, name, arguments) = (s(request, "server_label"), s(request, "name"), s(request, "arguments"));
+        let approved = answer.get("approve").and_then(|a| a.as_bool()) == Some(true);
+        let result = match plan.server_of(&name) {
+            _ if !approved => Err("the call was not approved".to_string()),
+            None => Err(format!("no MCP server of this turn offers '{name}'")),
+            Some((server, session)) => {
+                let args: Value = sonic_rs::from_str(&arguments).unwrap_or_else(|_| Value::new_object());
+                let started = ctx.timings.started;
+                let within = (started + shard.cfg().request_timeout).saturating_duration_since(crate::clock::now());
+                match shard.mcp().call(server.clone(), session.clone(), name.clone(), args, within).await {
+                    Called::Output(o) => Ok(o),
+                    Called::Failed(e) => Err(e),
+                }
+            }
+        };
+        let item = mcp_call_item_approved(&new_id("mcp"), &label, &name, &arguments, Some(&result), Some(&asked));
+        plan.answered.push(item);
+    }
+    Ok(())
 }
 
 /// Nothing that ends or splits a header line.

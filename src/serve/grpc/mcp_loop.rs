@@ -4,14 +4,15 @@
 //! without them. Bounded by `max_tool_calls` (else 10 calls; past it the response is
 //! `incomplete` for `max_tool_calls`) and by the request's deadline, which every generation
 //! and every call is held to. A call of a function the client runs ends the loop: the
-//! client gets it. Streamed, each call is `mcp_call` events (src/responses/events.rs);
+//! client gets it, as does a call that waits for the client's approval (`require_approval:
+//! "always"`: an `mcp_approval_request` item; the answer comes with the next turn). Streamed, each call is `mcp_call` events (src/responses/events.rs);
 //! otherwise the items collect here.
 
 use std::time::Duration;
 
 use sonic_rs::{JsonValueTrait, Value};
 
-use crate::responses::answer::{mcp_call_item, output_of_chat, Ending, Usage};
+use crate::responses::answer::{approval_request_item, mcp_call_item, output_of_chat, Ending, Usage};
 use crate::responses::events::{Events, PendingCall};
 use crate::responses::mcp::Called;
 use crate::responses::plan::{McpPlan, TurnPlan};
@@ -48,13 +49,15 @@ pub(super) struct Loop<'a> {
 
 impl<'a> Loop<'a> {
     pub(super) fn new(plan: &'a TurnPlan, mcp: &'a McpPlan) -> Self {
-        let items = mcp.listings.clone();
+        let mut items = mcp.listings.clone();
+        items.extend(mcp.answered.iter().cloned());
         Loop { plan, mcp, calls: 0, items, usage: Usage::default(), ending: None, taken: false }
     }
 
     /// A stream opens with the servers' listings.
     pub(super) fn open(&self, events: &mut Events, out: &mut Vec<u8>) {
         events.mcp(self.mcp.labels(), &self.mcp.listings, out);
+        events.items(&self.mcp.answered, out);
     }
 
     /// After a generation: runs its MCP calls; what to send is appended to `out`.
@@ -96,6 +99,12 @@ impl<'a> Loop<'a> {
                     let name = item.get("name").and_then(|n| n.as_str()).unwrap_or("");
                     let is_call = item.get("type").and_then(|t| t.as_str()) == Some("function_call");
                     match self.mcp.server_of(name) {
+                        // It waits for the client's approval: asked for, and the turn ends.
+                        Some((server, _)) if is_call && self.mcp.needs_approval(name) => {
+                            let arguments = item.get("arguments").and_then(|a| a.as_str()).unwrap_or("");
+                            self.items.push(approval_request_item(&new_id("mcpr"), &server.label, name, arguments));
+                            plain = true;
+                        }
                         Some((server, _)) if is_call => {
                             let arguments = item.get("arguments").and_then(|a| a.as_str()).unwrap_or("").to_string();
                             let call = PendingCall {
