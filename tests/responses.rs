@@ -7,40 +7,13 @@
 
 mod support;
 
-use std::io::Write;
-use std::net::TcpStream;
-use std::time::Duration;
-
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
-use support::admit::raw_request;
+use support::responses::*;
 use support::sim::{grpc_gateway as gateway, Sim};
 use support::*;
 
 const MODEL: &str = "sim-model";
 const FAST: &[&str] = &["--grpc", "--ttft-ms", "0", "--itl-ms", "0", "--output-tokens", "6"];
-
-/// Any method, on a fresh connection.
-fn call(port: u16, method: &str, path: &str, body: Option<&str>) -> Response {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(patience(Duration::from_secs(15)))).unwrap();
-    s.write_all(&raw_request(method, path, body, None, &[])).unwrap();
-    read_response(&mut s, &mut Vec::new(), false).unwrap()
-}
-
-fn ok(r: &Response) -> Value {
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
-}
-
-fn error_code(r: &Response, status: u16) -> String {
-    assert_eq!(r.status, status, "{}", r.text());
-    r.json()["error"]["code"].as_str().unwrap_or_default().to_string()
-}
-
-/// The prompt tokens the engine last read.
-fn engine_prompt(sim: &Sim) -> u64 {
-    sim.stats()["grpc"]["last_generate"]["input_tokens"].as_u64().unwrap()
-}
 
 fn output_text(v: &Value) -> String {
     let mut text = String::new();
@@ -131,11 +104,11 @@ fn a_turn_is_answered_stored_listed_chained_and_deleted() {
         assert!(chained >= alone + output, "the history reached the engine: {chained} vs {alone} alone");
 
         // Deleted: gone, and nothing chains off it.
-        let del = ok(&call(gw.port, "DELETE", &format!("/v1/responses/{id}"), None));
+        let del = ok(&call(gw.port, "DELETE", &format!("/v1/responses/{id}"), None, &[]));
         assert_eq!(del["object"].as_str(), Some("response.deleted"));
         assert_eq!(del["deleted"].as_bool(), Some(true));
         assert_eq!(error_code(&get(gw.port, &format!("/v1/responses/{id}")), 404), "not_found");
-        assert_eq!(error_code(&call(gw.port, "DELETE", &format!("/v1/responses/{id}"), None), 404), "not_found");
+        assert_eq!(error_code(&call(gw.port, "DELETE", &format!("/v1/responses/{id}"), None, &[]), 404), "not_found");
         let served = sim.served();
         let r = post(gw.port, "/v1/responses", &body, &[]);
         assert_eq!(error_code(&r, 400), "previous_response_not_found");
@@ -175,7 +148,7 @@ fn refusals_name_their_codes_and_generate_nothing() {
         }
         assert_eq!(sim.served(), served, "nothing generated");
         assert_eq!(error_code(&get(gw.port, "/v1/responses/resp_unknown"), 404), "not_found");
-        assert_eq!(call(gw.port, "PUT", "/v1/responses/resp_1", Some("{}")).status, 405);
+        assert_eq!(call(gw.port, "PUT", "/v1/responses/resp_1", Some("{}"), &[]).status, 405);
         // The gateway still serves.
         ok(&p(&format!(r#"{{"model":"{MODEL}","input":"x"}}"#)));
     });
@@ -281,13 +254,13 @@ fn conversations_keep_their_items_and_turns_carry_them() {
         assert_eq!(after.len(), 4, "the turn's input and output joined: {after:?}");
         assert_eq!(after[..2], ids[..]);
 
-        let del = ok(&call(gw.port, "DELETE", &format!("/v1/conversations/{cid}/items/{}", ids[0]), None));
+        let del = ok(&call(gw.port, "DELETE", &format!("/v1/conversations/{cid}/items/{}", ids[0]), None, &[]));
         assert_eq!(del["id"].as_str(), Some(cid.as_str()));
         assert_eq!(order(&list("?order=asc")).len(), 3);
         assert_eq!(error_code(&get(gw.port, &format!("/v1/conversations/{cid}/items/{}", ids[0])), 404), "not_found");
 
         // Deleted: 404 everywhere, and a turn in it is refused.
-        let gone = ok(&call(gw.port, "DELETE", &format!("/v1/conversations/{cid}"), None));
+        let gone = ok(&call(gw.port, "DELETE", &format!("/v1/conversations/{cid}"), None, &[]));
         assert_eq!(gone["object"].as_str(), Some("conversation.deleted"));
         assert_eq!(gone["deleted"].as_bool(), Some(true));
         assert_eq!(error_code(&get(gw.port, &format!("/v1/conversations/{cid}")), 404), "not_found");

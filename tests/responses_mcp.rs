@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
+use support::responses::*;
 use support::sim::{grpc_gateway as gateway, Sim};
 use support::*;
 
@@ -78,11 +79,6 @@ fn turn(tools: &str, extra: &str) -> String {
 
 fn types(v: &Value) -> Vec<String> {
     v["output"].as_array().unwrap().iter().map(|i| i["type"].as_str().unwrap().to_string()).collect()
-}
-
-fn ok(r: &Response) -> Value {
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
 }
 
 /// A stream's events' data, in order (names checked equal to `type`, numbers contiguous).

@@ -8,42 +8,17 @@
 
 mod support;
 
-use std::io::Write;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
-use support::admit::raw_request;
 use support::postgres_server::PostgresServer;
 use support::redis_server::RedisServer;
+use support::responses::*;
 use support::sim::{grpc_gateway as gateway, Sim};
 use support::*;
 
 const MODEL: &str = "sim-model";
 const FAST: &[&str] = &["--grpc", "--ttft-ms", "0", "--itl-ms", "0", "--output-tokens", "6"];
-
-/// Any method, on a fresh connection, with extra header lines ("Name: value").
-fn call(port: u16, method: &str, path: &str, body: Option<&str>, headers: &[&str]) -> Response {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(patience(Duration::from_secs(15)))).unwrap();
-    s.write_all(&raw_request(method, path, body, None, headers)).unwrap();
-    read_response(&mut s, &mut Vec::new(), false).unwrap()
-}
-
-fn ok(r: &Response) -> Value {
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
-}
-
-fn error_code(r: &Response, status: u16) -> String {
-    assert_eq!(r.status, status, "{}", r.text());
-    r.json()["error"]["code"].as_str().unwrap_or_default().to_string()
-}
-
-/// The prompt tokens the engine last read.
-fn engine_prompt(sim: &Sim) -> u64 {
-    sim.stats()["grpc"]["last_generate"]["input_tokens"].as_u64().unwrap()
-}
 
 fn id_of(v: &Value) -> String {
     v["id"].as_str().unwrap().to_string()

@@ -8,6 +8,7 @@ pub mod gossip;
 pub mod pd;
 pub mod postgres_server;
 pub mod redis_server;
+pub mod responses;
 pub mod rogue;
 pub mod sim;
 pub mod ws;
