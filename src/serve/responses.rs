@@ -95,11 +95,10 @@ pub(super) async fn turn(
         })
         .collect();
     let model = ctx.model.clone().unwrap_or_else(|| turn.model.clone());
-    let mcp = match mcp_plan(shard, &turn).await {
+    let mut mcp = match mcp_plan(shard, &turn).await {
         Ok(m) => m,
         Err(e) => return reject(e),
     };
-    let mut mcp = mcp;
     if let Some(plan) = mcp.as_mut() {
         if let Err(e) = answer_approvals(shard, ctx, plan, &turn, &prior).await {
             return reject(e);
