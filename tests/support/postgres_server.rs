@@ -118,22 +118,49 @@ impl PostgresServer {
         assert!(up && !exited, "postgres never became ready: {}", self.log("postgres.log"));
     }
 
-    /// Immediate shutdown (SIGQUIT): the postmaster ends its backends and exits at once.
-    fn stop(&mut self) {
+    /// Stops answering (SIGSTOP), connections held open: the postmaster first (it forks no
+    /// more), then its children (each backend is a session of its own: a process group's
+    /// signal would miss them).
+    pub fn freeze(&self) {
+        for pid in family(self.pid()) {
+            signal("STOP", pid);
+        }
+    }
+
+    pub fn thaw(&self) {
+        for pid in family(self.pid()) {
+            signal("CONT", pid);
+        }
+    }
+
+    /// Immediate shutdown (SIGQUIT), a frozen server too: the postmaster ends its backends and
+    /// exits at once, as a crash would (the next start recovers from the WAL).
+    pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // A stopped server must still die.
             for pid in family(c.id()) {
-                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+                signal("CONT", pid);
             }
-            unsafe { libc::kill(c.id() as i32, libc::SIGQUIT) };
+            signal("QUIT", c.id());
             let _ = c.wait();
         }
     }
+
+    /// Up again on the same port and data, once it accepts connections.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+/// `kill -s <sig> <pid>`.
+fn signal(sig: &str, pid: u32) {
+    // A child may have exited already: nothing to say about it.
+    let _ = Command::new("kill").args(["-s", sig, &pid.to_string()]).stderr(Stdio::null()).status();
 }
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
-        self.stop();
+        self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -49,8 +49,10 @@ impl RedisServer {
         self.child.as_ref().unwrap().id() as i32
     }
 
+    /// Gone at once (a frozen one too): connections broken, new ones refused.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-s", "CONT", &c.id().to_string()]).stderr(Stdio::null()).status();
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -64,10 +66,6 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            // A stopped server must still die.
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
-        }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -60,7 +60,7 @@ impl History {
     }
 
     /// Asks the storage thread; Err when it does not answer within the bound.
-    pub(crate) async fn ask(&self, op: Op) -> Result<Reply, Unavailable> {
+    pub async fn ask(&self, op: Op) -> Result<Reply, Unavailable> {
         let (reply, rx) = flume::bounded(1);
         if self.tx.send(Ask { op, reply }).is_err() {
             return Err(Unavailable("the storage thread is gone".into()));

@@ -16,9 +16,9 @@ mod redis_store;
 mod thread;
 
 pub use history::History;
-pub(crate) use record::unix_now;
+pub use record::unix_now;
 // Public for the benches (bench/responses.rs).
 pub use memory::Memory;
 pub use record::{Backend, MemoryLimits};
-pub use record::{Conversation, Item, Op, Reply, StoredResponse, Unavailable};
-pub(crate) use thread::start;
+pub use record::{Conversation, Item, Op, Reply, StoredResponse, Unavailable, MAX_CHAIN};
+pub use thread::start;

@@ -105,7 +105,7 @@ pub enum Reply {
 pub struct Unavailable(pub String);
 
 /// A chain longer than this is refused (a loop of `previous` ids, or a runaway client).
-pub(crate) const MAX_CHAIN: usize = 1000;
+pub const MAX_CHAIN: usize = 1000;
 
 /// `--history-backend` and its settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +144,6 @@ pub(crate) trait Remote: Send + Sync + 'static {
 
 /// Unix seconds: the records' `created_at` and the memory bounds' clock.
 #[allow(clippy::disallowed_methods)] // Wall-clock time is what a record's timestamp is.
-pub(crate) fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

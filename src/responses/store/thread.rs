@@ -15,7 +15,7 @@ use super::redis_store::RedisHistory;
 /// Starts the storage thread for `backend`; `within` bounds each call a shard makes.
 /// Err: a remote backend that cannot be reached at start (the gateway does not start, as
 /// SMG does not).
-pub(crate) fn start(backend: Backend, within: Duration) -> Result<History, String> {
+pub fn start(backend: Backend, within: Duration) -> Result<History, String> {
     let (tx, rx) = flume::unbounded::<Ask>();
     // The memory store's writes: taken before each call, never a wake-up of their own.
     let (writes_tx, writes_rx) = flume::unbounded::<Op>();
