@@ -85,6 +85,21 @@ fn a_turn_is_answered_stored_listed_chained_and_deleted() {
         assert_eq!(items["first_id"], data[0]["id"]);
         assert_eq!(items["last_id"], data[0]["id"]);
         assert_eq!(items["has_more"].as_bool(), Some(false));
+        // Paged as asked (OpenAI's limit, order, after).
+        let three = format!(
+            r#"{{"model":"{MODEL}","input":[{{"role":"user","content":"a"}},{{"role":"assistant","content":"b"}},{{"role":"user","content":"c"}}]}}"#
+        );
+        let v = ok(&post(gw.port, "/v1/responses", &three, &[]));
+        let path = format!("/v1/responses/{}/input_items", v["id"].as_str().unwrap());
+        let page = ok(&get(gw.port, &format!("{path}?order=desc&limit=2")));
+        let texts: Vec<&str> =
+            page["data"].as_array().unwrap().iter().map(|i| i["content"][0]["text"].as_str().unwrap()).collect();
+        assert_eq!(texts, ["c", "b"]);
+        assert_eq!(page["has_more"].as_bool(), Some(true));
+        let after = page["last_id"].as_str().unwrap();
+        let rest = ok(&get(gw.port, &format!("{path}?order=desc&after={after}")));
+        assert_eq!(rest["data"][0]["content"][0]["text"].as_str(), Some("a"));
+        assert_eq!(rest["has_more"].as_bool(), Some(false));
 
         // Chained: the engine reads the earlier input and output before the new input.
         let body = format!(r#"{{"model":"{MODEL}","input":"And then?","previous_response_id":"{id}"}}"#);

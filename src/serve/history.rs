@@ -142,7 +142,10 @@ pub(crate) async fn serve(
                         history.ask(Op::DeleteResponse(a.clone())).await?;
                         json!({"id": a.as_str(), "object": "response.deleted", "deleted": true})
                     }
-                    _ => list(r.input.iter().map(|i| parse(i)).collect(), false),
+                    _ => match input_page(&r.input, target) {
+                        Ok(v) => v,
+                        Err(e) => return Ok(Err(e)),
+                    },
                 }))
             }
             CreateConversation => {
@@ -261,6 +264,29 @@ async fn conversation_op(
     }))
 }
 
+/// A stored response's input items: all of them in order (SMG's answer), or the page that
+/// `limit`, `order` and `after` ask for when given (OpenAI's parameters).
+fn input_page(input: &[String], target: &[u8]) -> Result<Value, ApiError> {
+    let limit = match query(target, "limit").map(str::parse::<usize>) {
+        None => usize::MAX,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => return Err(bad("'limit' must be an integer from 1 to 100")),
+    };
+    let mut items: Vec<Value> = input.iter().map(|i| parse(i)).collect();
+    match query(target, "order") {
+        None | Some("asc") => {}
+        Some("desc") => items.reverse(),
+        Some(_) => return Err(bad("'order' must be 'asc' or 'desc'")),
+    }
+    if let Some(after) = query(target, "after") {
+        let at = items.iter().position(|i| i.get("id").and_then(|v| v.as_str()) == Some(after));
+        items.drain(..at.map_or(items.len(), |p| p + 1));
+    }
+    let more = items.len() > limit;
+    items.truncate(limit);
+    Ok(list(items, more))
+}
+
 /// Items sent to a conversation, in their stored shape with ids.
 fn new_items<'a>(items: impl Iterator<Item = &'a Value>) -> Result<Vec<Item>, ApiError> {
     let now = crate::responses::store::unix_now();
@@ -363,6 +389,23 @@ mod tests {
         let many: String = (0..17).map(|i| format!("\"k{i}\":\"v\"")).collect::<Vec<_>>().join(",");
         let doc: Value = sonic_rs::from_str(&format!("{{\"metadata\":{{{many}}}}}")).unwrap();
         assert!(metadata_patch(None, &doc, false).is_err());
+    }
+
+    #[test]
+    fn input_items_page_as_asked_and_whole_by_default() {
+        let input: Vec<String> = (1..=3).map(|i| format!(r#"{{"id":"m{i}"}}"#)).collect();
+        let ids = |v: &Value| -> Vec<String> {
+            v["data"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap().to_string()).collect()
+        };
+        let all = input_page(&input, b"/x").unwrap();
+        assert_eq!(ids(&all), ["m1", "m2", "m3"]);
+        assert_eq!(all["has_more"].as_bool(), Some(false));
+        let page = input_page(&input, b"/x?order=desc&limit=2").unwrap();
+        assert_eq!(ids(&page), ["m3", "m2"]);
+        assert_eq!(page["has_more"].as_bool(), Some(true));
+        assert_eq!(ids(&input_page(&input, b"/x?after=m1").unwrap()), ["m2", "m3"]);
+        assert_eq!(ids(&input_page(&input, b"/x?after=nope").unwrap()), Vec::<String>::new());
+        assert!(input_page(&input, b"/x?limit=0").is_err());
     }
 
     #[test]
