@@ -90,6 +90,7 @@ impl Shell {
         let echo = vec![
             ("instructions", opt(&turn.instructions)),
             ("max_output_tokens", turn.max_output_tokens.map_or(Value::new_null(), Value::from)),
+            ("max_tool_calls", turn.max_tool_calls.map_or(Value::new_null(), Value::from)),
             ("metadata", turn.metadata.clone()),
             ("model", Value::from(model)),
             ("parallel_tool_calls", Value::from(turn.parallel_tool_calls)),
