@@ -570,6 +570,18 @@ impl<'a> Assembler<'a> {
         Ok(Answer::Body(reply::full(&self.meta, &list, &usage)))
     }
 
+    /// A Responses turn's answer, not streamed: the first choice's text, reasoning, calls and
+    /// finish reason, taken as they are (no chat JSON made to be read back). Err: some choice
+    /// never finished, as for [`Assembler::finish`].
+    pub(crate) fn take_first(&mut self) -> Result<(String, String, Vec<CallOut>, String), Status> {
+        if self.choices.iter().any(|c| c.finish.is_none()) {
+            return Err(Status::new(Code::INTERNAL, "the engine ended the stream before every choice finished"));
+        }
+        let c = self.choices.first_mut().ok_or_else(|| Status::new(Code::INTERNAL, "no choice"))?;
+        let finish = c.finish.take().unwrap_or_default();
+        Ok((std::mem::take(&mut c.text), std::mem::take(&mut c.reasoning_text), std::mem::take(&mut c.calls), finish))
+    }
+
     /// The response fails after its stream started: the contract's error event, then `[DONE]`,
     /// become `pending`.
     pub(crate) fn fail(&mut self, s: &Status) {

@@ -218,6 +218,32 @@ fn put(out: &mut Vec<u8>, key: &[u8], value: &str) {
     smg_wire::json::put_str(out, value);
 }
 
+/// The output items of a turn's answer taken from the assembler (its first choice): as
+/// [`output_of_chat`], without a chat JSON in between.
+pub(crate) fn output_of_parts(
+    text: &str,
+    reasoning: &str,
+    calls: &[crate::grpc::reply::CallOut],
+    finish: &str,
+) -> (Vec<Value>, Ending) {
+    let mut out = Vec::new();
+    if !reasoning.is_empty() {
+        out.push(reasoning_item(&new_id("rs"), reasoning));
+    }
+    if !text.is_empty() {
+        out.push(message_item(&new_id("msg"), text, "completed"));
+    }
+    for c in calls {
+        out.push(call_item(&new_id("fc"), &c.id, &c.name, &c.arguments, "completed"));
+    }
+    (out, Ending::of_finish(crate::grpc::reply::finish_reason(finish)))
+}
+
+/// A generation's usage in the Responses shape.
+pub(crate) fn usage_of(u: &crate::grpc::reply::Usage) -> Usage {
+    Usage { input: u.prompt, cached: u.cached, output: u.completion, reasoning: u.reasoning }
+}
+
 pub(crate) fn message_item(id: &str, text: &str, status: &str) -> Value {
     let mut s = Vec::with_capacity(128 + text.len());
     put(&mut s, b"{\"type\":\"message\",\"id\":", id);

@@ -20,10 +20,27 @@ use crate::responses::turn::new_id;
 use crate::serve::ctx::RequestCtx;
 use crate::shard::Shard;
 
-/// A generation's answer: a stream's last events, or the whole chat body.
+/// A generation's answer: a stream's last events, the whole chat body, or a non-streamed
+/// Responses turn's output items (taken from the assembler).
 pub(super) enum Answered {
     Events(Vec<u8>),
     Body(Vec<u8>),
+    Items(Vec<Value>, Ending, Usage),
+}
+
+impl Answered {
+    /// A not-streamed answer's items, how it ended and its usage (a chat body read back).
+    pub(super) fn items(self) -> Option<(Vec<Value>, Ending, Usage)> {
+        match self {
+            Answered::Items(items, ending, usage) => Some((items, ending, usage)),
+            Answered::Body(body) => {
+                let chat: Value = sonic_rs::from_slice(&body).unwrap_or_default();
+                let (items, ending) = output_of_chat(&chat);
+                Some((items, ending, Usage::of_chat(chat.get("usage"))))
+            }
+            Answered::Events(_) => None,
+        }
+    }
 }
 
 /// What follows a generation.
@@ -65,11 +82,11 @@ impl<'a> Loop<'a> {
         &mut self,
         shard: &Shard,
         ctx: &RequestCtx,
-        answer: &Answered,
+        answer: &mut Answered,
         events: Option<&mut Events>,
         out: &mut Vec<u8>,
     ) -> Round {
-        match (answer, events) {
+        match (&*answer, events) {
             (Answered::Events(tail), Some(ev)) => {
                 ev.feed(tail, out);
                 let (pending, plain) = ev.round(out);
@@ -88,10 +105,12 @@ impl<'a> Loop<'a> {
                 }
                 Round::Again(self.plan.next_chat(ev.output(), true))
             }
-            (Answered::Body(body), _) => {
-                let chat: Value = sonic_rs::from_slice(body).unwrap_or_default();
-                self.usage.add(Usage::of_chat(chat.get("usage")));
-                let (items, ending) = output_of_chat(&chat);
+            (Answered::Events(_), None) => Round::Done,
+            (_, _) => {
+                // Taken: the turn's end reads the items gathered here.
+                let taken = std::mem::replace(answer, Answered::Items(Vec::new(), Ending::Completed, Usage::default()));
+                let Some((items, ending, used)) = taken.items() else { return Round::Done };
+                self.usage.add(used);
                 self.taken = true;
                 let mut ran = false;
                 let mut plain = false;
@@ -138,7 +157,6 @@ impl<'a> Loop<'a> {
                     None => Round::Again(self.plan.next_chat(&self.items, false)),
                 }
             }
-            (Answered::Events(_), None) => Round::Done,
         }
     }
 
@@ -173,13 +191,13 @@ impl<'a> Loop<'a> {
 
     /// Not streamed: the turn's output (the last generation's items added unless a round
     /// took them), how it ended, and its usage.
-    pub(super) fn finish(mut self, body: &[u8]) -> (Vec<Value>, Ending, Usage) {
+    pub(super) fn finish(mut self, answer: Answered) -> (Vec<Value>, Ending, Usage) {
         if !self.taken {
-            let chat: Value = sonic_rs::from_slice(body).unwrap_or_default();
-            self.usage.add(Usage::of_chat(chat.get("usage")));
-            let (items, ending) = output_of_chat(&chat);
-            self.items.extend(items);
-            self.ending.get_or_insert(ending);
+            if let Some((items, ending, used)) = answer.items() {
+                self.usage.add(used);
+                self.items.extend(items);
+                self.ending.get_or_insert(ending);
+            }
         }
         (self.items, self.ending.unwrap_or(Ending::Completed), self.usage)
     }

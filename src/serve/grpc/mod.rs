@@ -19,7 +19,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use sonic_rs::{JsonValueMutTrait, JsonValueTrait};
+use sonic_rs::JsonValueMutTrait;
 
 use smg_proto::paths::sglang_scheduler as path;
 use smg_proto::scheduler::{generate_response, EmbedResponse, GenerateResponse};
@@ -54,6 +54,7 @@ use crate::http::head::RequestHead;
 use crate::http::relay::RelayEnd;
 use crate::http::respond::Stamp;
 use crate::io::peer_closed;
+use crate::responses::answer::{output_of_parts, usage_of, Ending};
 use crate::responses::events::Events;
 use crate::responses::plan::TurnPlan;
 use crate::shard::Shard;
@@ -454,8 +455,9 @@ async fn respond(
     let mut started = started;
     loop {
         let (p, rid) = next.as_ref().map_or((prep, id), |(p, r)| (p, r.as_str()));
+        let items = turn.is_some() && !p.stream;
         let (generated, used) =
-            generate(client, ctx, kind, model, p, rid, &target, started, &mut out, &mut shape).await;
+            generate(client, ctx, kind, model, p, rid, &target, started, &mut out, &mut shape, items).await;
         usage.prompt += used.prompt;
         usage.completion += used.completion;
         usage.cached += used.cached;
@@ -482,10 +484,11 @@ async fn respond(
             }
             Generated::Done(answer) => answer,
         };
+        let mut answer = answer;
         // The MCP loop: the calls run, and the model asked again with their outputs.
         if let (Some(l), Some(turn)) = (mcp.as_mut(), turn) {
             let mut sent = Vec::new();
-            let again = l.round(shard, ctx, &answer, shape.events.as_mut(), &mut sent).await;
+            let again = l.round(shard, ctx, &mut answer, shape.events.as_mut(), &mut sent).await;
             if !out.send(&mut client.stream, &sent).await {
                 return Ok(Outcome::ClientGone);
             }
@@ -553,6 +556,7 @@ async fn respond(
                 }
             }
             (Answered::Body(body), None) => out.whole(body),
+            (Answered::Items(..), None) => unreachable!("items are taken for a Responses turn only"),
             (answer, Some(turn)) => {
                 return finish_turn(shard, client, ctx, turn, answer, None, &mut shape, out, usage, &target).await;
             }
@@ -583,6 +587,7 @@ async fn generate(
     started: Started,
     out: &mut Assembled,
     shape: &mut Shape,
+    items: bool,
 ) -> (Generated, crate::grpc::reply::Usage) {
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let model_name = ctx.model.clone().unwrap_or_default();
@@ -668,6 +673,16 @@ async fn generate(
     if gone {
         return (Generated::Gone, usage);
     }
+    // A non-streamed Responses turn takes its items from the assembler, not a chat body.
+    if failure.is_none() && items {
+        return match asm.take_first() {
+            Ok((text, reasoning, calls, finish)) => {
+                let (output, ending) = output_of_parts(&text, &reasoning, &calls, &finish);
+                (Generated::Done(Answered::Items(output, ending, usage_of(&usage))), usage)
+            }
+            Err(s) => (Generated::Failed(s, "gRPC stream incomplete"), usage),
+        };
+    }
     let ended = match failure {
         Some(s) => Err((s, "gRPC stream failed")),
         // Err: the engine ended a call before finishing every sample.
@@ -717,14 +732,10 @@ async fn finish_turn(
                 return Ok(Outcome::ClientGone);
             }
         }
-        Answered::Body(body) => {
+        answer => {
             let (output, ending, used) = match mcp {
-                Some(l) => l.finish(&body),
-                None => {
-                    let chat: sonic_rs::Value = sonic_rs::from_slice(&body).unwrap_or_default();
-                    let (output, ending) = crate::responses::answer::output_of_chat(&chat);
-                    (output, ending, crate::responses::answer::Usage::of_chat(chat.get("usage")))
-                }
+                Some(l) => l.finish(answer),
+                None => answer.items().unwrap_or((Vec::new(), Ending::Completed, Default::default())),
             };
             let output: Vec<String> = output.iter().map(|v| sonic_rs::to_string(v).unwrap_or_default()).collect();
             let mut body = turn.shell.object_json(Some(ending), &output, Some(used));
