@@ -637,7 +637,14 @@ pub fn read_response(s: &mut TcpStream, rest: &mut Vec<u8>, head_only: bool) -> 
 
 pub fn fill(s: &mut TcpStream, rest: &mut Vec<u8>) -> std::io::Result<()> {
     let mut tmp = [0u8; 65536];
-    let n = s.read(&mut tmp)?;
+    // A read with a timeout fails with EINTR when this process is stopped and continued (or
+    // a handler runs), as std's read_exact knows: read again.
+    let n = loop {
+        match s.read(&mut tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => break r?,
+        }
+    };
     if n == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
