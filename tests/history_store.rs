@@ -273,9 +273,10 @@ async fn unavailable_in_time(h: &History, what: &str) {
     assert!(took < WITHIN + Duration::from_secs(2), "{what}: answered after {took:?}");
 }
 
-/// Calls succeed again within `BOOT`.
+/// Calls succeed again within `BOOT` (through the patience factor): polled, the signal being
+/// a call that succeeds.
 async fn answers_again(h: &History) -> bool {
-    let until = smg::clock::now() + BOOT;
+    let until = smg::clock::now() + support::patience(BOOT);
     loop {
         if h.ask(Op::GetResponse("o-1".into())).await.is_ok() {
             return true;
