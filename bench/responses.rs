@@ -7,6 +7,10 @@
 //! - `chained_10`: the small body read, the stored chain of ten responses taken from the
 //!   memory store (as its thread answers `Op::Chain`), their items parsed, and the chat built.
 //!
+//! - `turn_1k` against `chat_1k_parse`: a non-streamed responses-1k turn's own work (the
+//!   body read, the chat built, the answer made the response object, the record stored in
+//!   memory) against what a chat-1k turn does in its place (its body parsed).
+//!
 //! The chain's one message to the storage thread and back is not in it (a few µs of two
 //! threads' CPU). Run: `cargo bench --bench responses`.
 
@@ -82,6 +86,25 @@ fn bench(c: &mut Criterion) {
             let prior = chain_items(&chain);
             black_box(turn.chat(&prior, &[], false))
         })
+    });
+    // A responses-1k turn's own work against what a chat-1k turn does in its place (its body
+    // parsed): the load harness's same 1,200-byte user message, a 60-word answer.
+    let user = words(240, 7);
+    let turn_body = format!(r#"{{"model":"m","input":"{user}","max_output_tokens":64,"store":true}}"#);
+    let chat_body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{user}"}}],"max_tokens":64}}"#);
+    let answer = words(60, 3);
+    let mut sink = Memory::new(MemoryLimits::default());
+    g.bench_function("turn_1k", |b| {
+        b.iter(|| {
+            let (chat, body, ops) = smg::responses::own_work::turn_work(black_box(turn_body.as_bytes()), &answer);
+            for op in ops {
+                sink.apply(op, 0);
+            }
+            black_box((chat, body))
+        })
+    });
+    g.bench_function("chat_1k_parse", |b| {
+        b.iter(|| black_box(sonic_rs::from_slice::<sonic_rs::Value>(black_box(chat_body.as_bytes())).unwrap()))
     });
     g.finish();
 }

@@ -8,6 +8,9 @@ pub(crate) mod answer;
 pub(crate) mod events;
 pub mod mcp;
 pub(crate) mod plan;
+// A turn's own work, for the bench (bench/responses.rs).
+#[doc(hidden)]
+pub mod own_work;
 pub mod store;
 // Public for the benches (bench/responses.rs).
 pub mod turn;

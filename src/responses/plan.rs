@@ -68,7 +68,6 @@ impl TurnPlan {
     /// The writes that store the finished turn: the response (when stored), and the
     /// turn's input and output items appended to its conversation.
     pub(crate) fn writes(&self, object: &str, output: &[String]) -> Vec<Op> {
-        let json = |v: &Value| sonic_rs::to_string(v).unwrap_or_default();
         let mut ops = Vec::new();
         if self.store {
             ops.push(Op::PutResponse(Box::new(StoredResponse {
@@ -77,7 +76,7 @@ impl TurnPlan {
                 previous: self.previous.clone(),
                 conversation: self.conversation.clone(),
                 created_at: self.shell.created_at,
-                input: self.turn.input.iter().map(json).collect(),
+                input: self.turn.input_text.clone(),
                 output: output.to_vec(),
                 body: object.to_string(),
                 context: self.context.clone(),
@@ -90,7 +89,8 @@ impl TurnPlan {
                 .turn
                 .input
                 .iter()
-                .map(|v| item(json(v), Some(v)))
+                .zip(&self.turn.input_text)
+                .map(|(v, text)| item(text.clone(), Some(v)))
                 .chain(output.iter().map(|o| item(o.clone(), None)))
                 .collect();
             ops.push(Op::AppendItems { conversation: c.clone(), items });

@@ -7,7 +7,7 @@
 //! as an assistant tool call (consecutive ones in one message) and its
 //! `function_call_output` as the tool's answer. Sampling fields keep their chat names.
 
-use sonic_rs::{json, JsonContainerTrait, JsonValueMutTrait, JsonValueTrait, Value};
+use sonic_rs::{json, JsonContainerTrait, JsonValueTrait, Value};
 
 use crate::api::ApiError;
 
@@ -17,6 +17,8 @@ pub struct Turn {
     pub model: String,
     /// This turn's input items, stored shape, each with its id.
     pub input: Vec<Value>,
+    /// The same items as JSON text, as they are stored.
+    pub input_text: Vec<String>,
     pub instructions: Option<String>,
     pub previous: Option<String>,
     pub conversation: Option<String>,
@@ -96,78 +98,151 @@ pub(crate) fn message_text(item: &Value) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// One input item in its stored shape (taken, not copied): a message gets `type`, `id`,
-/// `status` and its content as parts; a call and a call's output get an id.
-fn input_item(mut item: Value) -> Result<Value, ApiError> {
+/// A JSON value's text.
+fn text_of(v: &Value) -> String {
+    sonic_rs::to_string(v).unwrap_or_default()
+}
+
+/// A JSON string's text.
+fn quoted(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len() + 2);
+    smg_wire::json::put_str(&mut out, s);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `item` written again: `head` first (key, JSON text), then its other keys but `skip`, in
+/// its order, then `tail`. Sonic-rs's `insert` turns an object into a hash map (its order
+/// lost, and dearer than writing the text and parsing it once).
+fn rewritten(item: &Value, head: &[(&str, String)], skip: &[&str], tail: &[(&str, String)]) -> String {
+    let mut out = String::with_capacity(128);
+    out.push('{');
+    let put = |out: &mut String, k: &str, v: &str| {
+        if out.len() > 1 {
+            out.push(',');
+        }
+        out.push_str(&quoted(k));
+        out.push(':');
+        out.push_str(v);
+    };
+    for (k, v) in head {
+        put(&mut out, k, v);
+    }
+    if let Some(o) = item.as_object() {
+        for (k, v) in o.iter().filter(|(k, _)| !skip.contains(k)) {
+            put(&mut out, k, &text_of(v));
+        }
+    }
+    for (k, v) in tail {
+        put(&mut out, k, v);
+    }
+    out.push('}');
+    out
+}
+
+/// A user message of `text` in its stored shape, as JSON text.
+fn user_message(text: &str) -> String {
+    let mut out = Vec::with_capacity(text.len() + 160);
+    out.extend_from_slice(b"{\"type\":\"message\",\"id\":\"");
+    out.extend_from_slice(new_id("msg").as_bytes());
+    out.extend_from_slice(
+        b"\",\"status\":\"completed\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":",
+    );
+    smg_wire::json::put_str(&mut out, text);
+    out.extend_from_slice(b"}]}");
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// One input item in its stored shape, as JSON text: a message gets `type`, `id`, `status`
+/// and its content as parts; a call and a call's output get an id. None: the item is already
+/// in that shape (its own text is stored).
+fn input_item(item: &Value) -> Result<Option<String>, ApiError> {
     if !item.is_object() {
         return Err(bad("input items must be objects"));
     }
-    let kind = item.get("type").and_then(|t| t.as_str()).unwrap_or("message").to_string();
-    let has = |item: &Value, k: &str| item.get(k).is_some_and(|v| v.is_str());
-    let needs_status = !has(&item, "status");
-    match kind.as_str() {
+    let kind = item.get("type").and_then(|t| t.as_str()).unwrap_or("message");
+    let has = |k: &str| item.get(k).is_some_and(|v| v.is_str());
+    let with_id = |prefix: &str, skip: &[&str], tail: &[(&str, String)]| {
+        let id = item.get("id").filter(|v| v.is_str()).map_or_else(|| quoted(&new_id(prefix)), text_of);
+        let mut all = vec!["type", "id"];
+        all.extend_from_slice(skip);
+        rewritten(item, &[("type", quoted(kind)), ("id", id)], &all, tail)
+    };
+    let complete = |prefix: &str| (!has("id")).then(|| with_id(prefix, &[], &[]));
+    Ok(match kind {
         "message" => {
             let role = item.get("role").and_then(|r| r.as_str()).ok_or_else(|| bad("a message item needs a 'role'"))?;
             if !matches!(role, "user" | "assistant" | "system" | "developer") {
                 return Err(bad(format!("unknown role '{role}': user, assistant, system or developer")));
             }
             let part = if role == "assistant" { "output_text" } else { "input_text" };
-            let obj = item.as_object_mut().expect("an object");
-            match obj.get_mut(&"content") {
+            let content = match item.get("content") {
                 Some(c) if c.is_str() => {
-                    let text = c.take();
-                    obj.insert("content", json!([{"type": part, "text": text}]));
+                    let mut parts = format!("[{{\"type\":\"{part}\",\"text\":");
+                    parts.push_str(&quoted(c.as_str().unwrap_or("")));
+                    parts.push_str("}]");
+                    Some(parts)
                 }
-                Some(c) if c.is_array() => {}
+                Some(c) if c.is_array() => None,
                 _ => return Err(bad("a message item's 'content' must be a string or an array of parts")),
+            };
+            let typed = item.get("type").is_some();
+            if content.is_none() && typed && has("id") && has("status") {
+                return Ok(None);
             }
-            obj.insert("type", "message");
-            if needs_status {
-                obj.insert("status", "completed");
-            }
-            ensure_id(obj, "msg");
+            let id = item.get("id").filter(|v| v.is_str()).map_or_else(|| quoted(&new_id("msg")), text_of);
+            let status = item.get("status").filter(|v| v.is_str()).map_or_else(|| quoted("completed"), text_of);
+            let content = content.unwrap_or_else(|| item.get("content").map(text_of).unwrap_or_default());
+            let head = [
+                ("type", quoted("message")),
+                ("id", id),
+                ("status", status),
+                ("role", quoted(role)),
+                ("content", content),
+            ];
+            Some(rewritten(item, &head, &["type", "id", "status", "role", "content"], &[]))
         }
         "function_call" => {
             for k in ["call_id", "name", "arguments"] {
-                if !has(&item, k) {
+                if !has(k) {
                     return Err(bad(format!("a function_call item needs a string '{k}'")));
                 }
             }
-            let obj = item.as_object_mut().expect("an object");
-            if needs_status {
-                obj.insert("status", "completed");
+            match (has("id"), has("status")) {
+                (true, true) => None,
+                (_, true) => Some(with_id("fc", &[], &[])),
+                (_, false) => Some(with_id("fc", &["status"], &[("status", quoted("completed"))])),
             }
-            ensure_id(obj, "fc");
         }
         "function_call_output" => {
-            if !has(&item, "call_id") {
+            if !has("call_id") {
                 return Err(bad("a function_call_output item needs a string 'call_id'"));
             }
             match item.get("output") {
                 Some(o) if o.is_str() || o.is_array() => {}
                 _ => return Err(bad("a function_call_output item needs an 'output' string")),
             }
-            ensure_id(item.as_object_mut().expect("an object"), "fco");
+            complete("fco")
         }
-        "reasoning" => ensure_id(item.as_object_mut().expect("an object"), "rs"),
+        "reasoning" => complete("rs"),
         // Earlier MCP turns' items, sent back: kept, and replayed as the calls they were.
-        "mcp_list_tools" => ensure_id(item.as_object_mut().expect("an object"), "mcpl"),
-        "mcp_call" => ensure_id(item.as_object_mut().expect("an object"), "mcp"),
-        "mcp_approval_request" => ensure_id(item.as_object_mut().expect("an object"), "mcpr"),
+        "mcp_list_tools" => complete("mcpl"),
+        "mcp_call" => complete("mcp"),
+        "mcp_approval_request" => complete("mcpr"),
         "mcp_approval_response" => {
-            if !has(&item, "approval_request_id") || !item.get("approve").is_some_and(|a| a.is_boolean()) {
+            if !has("approval_request_id") || !item.get("approve").is_some_and(|a| a.is_boolean()) {
                 return Err(bad("an mcp_approval_response needs 'approval_request_id' and a boolean 'approve'"));
             }
-            ensure_id(item.as_object_mut().expect("an object"), "mcpa")
+            complete("mcpa")
         }
         other => return Err(bad(format!("Unsupported input item type '{other}'"))),
-    }
-    Ok(item)
+    })
 }
 
-fn ensure_id(obj: &mut sonic_rs::Object, prefix: &str) {
-    if !obj.get(&"id").is_some_and(|v| v.is_str()) {
-        obj.insert("id", new_id(prefix).as_str());
+/// An input item, parsed and as its stored text.
+fn stored(item: &Value) -> Result<(Value, String), ApiError> {
+    match input_item(item)? {
+        None => Ok((item.clone(), text_of(item))),
+        Some(text) => Ok((sonic_rs::from_str(&text).map_err(|e| bad(format!("input item: {e}")))?, text)),
     }
 }
 
@@ -176,19 +251,21 @@ fn ensure_id(obj: &mut sonic_rs::Object, prefix: &str) {
 impl Turn {
     /// Reads a Responses body (bounded already by the inspect phase).
     pub fn read(body: &[u8]) -> Result<Turn, ApiError> {
-        let mut doc: Value = sonic_rs::from_slice(body).map_err(|e| bad(format!("request body: {e}")))?;
+        let doc: Value = sonic_rs::from_slice(body).map_err(|e| bad(format!("request body: {e}")))?;
         if !doc.is_object() {
             return Err(bad("the request body must be a JSON object"));
         }
         let model = opt_str(&doc, "model")?.unwrap_or_default();
-        // The input is taken out of the document, not copied (a turn's largest part).
-        let input = match doc.get_mut("input").map(Value::take) {
+        // Read in place: `get_mut` would turn the whole document into sonic-rs's hash map form.
+        let (input, input_text): (Vec<Value>, Vec<String>) = match doc.get("input") {
             Some(v) if v.is_str() => {
-                vec![input_item(json!({"type": "message", "role": "user", "content": v}))?]
+                let text = user_message(v.as_str().unwrap_or(""));
+                let item = sonic_rs::from_str(&text).map_err(|e| bad(format!("input: {e}")))?;
+                (vec![item], vec![text])
             }
-            Some(mut v) if v.is_array() => {
-                let items = v.as_array_mut().expect("an array");
-                items.iter_mut().map(|i| input_item(i.take())).collect::<Result<Vec<_>, _>>()?
+            Some(v) if v.is_array() => {
+                let items = v.as_array().expect("an array");
+                items.iter().map(stored).collect::<Result<Vec<_>, _>>()?.into_iter().unzip()
             }
             None => return Err(bad("'input' is required")),
             Some(_) => return Err(bad("'input' must be a string or an array of items")),
@@ -249,6 +326,7 @@ impl Turn {
         Ok(Turn {
             model,
             input,
+            input_text,
             instructions: opt_str(&doc, "instructions")?,
             previous,
             conversation,
@@ -276,63 +354,81 @@ impl Turn {
         self.chat_after(history.iter().chain(self.input.iter()), extra_tools, stream)
     }
 
-    /// The chat body for `items`, every item the model reads after the instructions.
+    /// The chat body for `items`, every item the model reads after the instructions. Written
+    /// as JSON text and parsed once (an object built by `insert` is a hash map in sonic-rs).
     pub(crate) fn chat_after<'a>(
         &self,
         items: impl Iterator<Item = &'a Value>,
         extra_tools: &[Value],
         stream: bool,
     ) -> Value {
-        let mut messages: Vec<Value> = Vec::with_capacity(8);
+        let mut out = Vec::with_capacity(512);
+        out.extend_from_slice(b"{\"model\":");
+        smg_wire::json::put_str(&mut out, &self.model);
+        out.extend_from_slice(b",\"messages\":[");
+        let mut messages = Messages { out, first: true, calls_open: false };
         if let Some(i) = &self.instructions {
-            messages.push(json!({"role": "system", "content": i.as_str()}));
+            messages.message("system", Some(i));
         }
         for item in items {
-            push_message(&mut messages, item);
+            messages.item(item);
         }
-        let mut chat = json!({"model": self.model.as_str(), "messages": messages, "stream": stream});
-        let obj = chat.as_object_mut().expect("an object");
+        let mut out = messages.close();
+        out.extend_from_slice(b"],\"stream\":");
+        out.extend_from_slice(if stream { b"true" } else { b"false" });
         if stream {
-            obj.insert("stream_options", json!({"include_usage": true}));
+            out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true}");
         }
-        let tools: Vec<Value> = self.tools.iter().map(chat_tool).chain(extra_tools.iter().cloned()).collect();
-        if !tools.is_empty() {
-            obj.insert("tools", tools);
-            obj.insert("tool_choice", chat_tool_choice(&self.tool_choice));
-            obj.insert("parallel_tool_calls", self.parallel_tool_calls);
+        let mut tools = self.tools.iter().map(chat_tool).chain(extra_tools.iter().cloned()).peekable();
+        if tools.peek().is_some() {
+            out.extend_from_slice(b",\"tools\":[");
+            for (i, t) in tools.enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let _ = sonic_rs::to_writer(&mut out, &t);
+            }
+            out.extend_from_slice(b"],\"tool_choice\":");
+            let _ = sonic_rs::to_writer(&mut out, &chat_tool_choice(&self.tool_choice));
+            out.extend_from_slice(b",\"parallel_tool_calls\":");
+            out.extend_from_slice(if self.parallel_tool_calls { b"true" } else { b"false" });
         }
-        if let Some(t) = self.temperature {
-            obj.insert("temperature", Value::new_f64(t).unwrap_or_default());
-        }
-        if let Some(p) = self.top_p {
-            obj.insert("top_p", Value::new_f64(p).unwrap_or_default());
-        }
+        let mut num = |key: &[u8], v: Option<f64>| {
+            if let Some(v) = v.and_then(Value::new_f64) {
+                out.extend_from_slice(key);
+                let _ = sonic_rs::to_writer(&mut out, &v);
+            }
+        };
+        num(b",\"temperature\":", self.temperature);
+        num(b",\"top_p\":", self.top_p);
         if let Some(m) = self.max_output_tokens {
-            obj.insert("max_completion_tokens", m);
+            out.extend_from_slice(b",\"max_completion_tokens\":");
+            smg_wire::num::put_dec(&mut out, m);
         }
         if let Some(format) = self.text.get("format") {
             match format.get("type").and_then(|t| t.as_str()) {
-                Some("json_object") => {
-                    obj.insert("response_format", json!({"type": "json_object"}));
-                }
+                Some("json_object") => out.extend_from_slice(b",\"response_format\":{\"type\":\"json_object\"}"),
                 Some("json_schema") => {
-                    let mut schema = json!({"name": format.get("name").and_then(|n| n.as_str()).unwrap_or("schema")});
-                    let s = schema.as_object_mut().expect("an object");
-                    if let Some(v) = format.get("schema") {
-                        s.insert("schema", v.clone());
+                    let name = Value::from(format.get("name").and_then(|n| n.as_str()).unwrap_or("schema"));
+                    let mut schema = vec![("name", &name)];
+                    for k in ["schema", "strict"] {
+                        if let Some(v) = format.get(k) {
+                            schema.push((k, v));
+                        }
                     }
-                    if let Some(v) = format.get("strict") {
-                        s.insert("strict", v.clone());
-                    }
-                    obj.insert("response_format", json!({"type": "json_schema", "json_schema": schema}));
+                    out.extend_from_slice(b",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":");
+                    let _ = sonic_rs::to_writer(&mut out, &super::ordered(&schema));
+                    out.push(b'}');
                 }
                 _ => {}
             }
         }
         if let Some(effort) = self.reasoning.get("effort").and_then(|e| e.as_str()) {
-            obj.insert("reasoning_effort", effort);
+            out.extend_from_slice(b",\"reasoning_effort\":");
+            smg_wire::json::put_str(&mut out, effort);
         }
-        chat
+        out.push(b'}');
+        sonic_rs::from_slice(&out).unwrap_or_default()
     }
 }
 
@@ -358,54 +454,108 @@ fn chat_tool_choice(choice: &Value) -> Value {
     }
 }
 
-/// Appends one item's chat message(s).
-fn push_message(messages: &mut Vec<Value>, item: &Value) {
-    let s = |k: &str| item.get(k).and_then(|v| v.as_str()).unwrap_or("");
-    match item.get("type").and_then(|t| t.as_str()).unwrap_or("message") {
-        "message" => {
-            let role = match s("role") {
-                "assistant" => "assistant",
-                "system" | "developer" => "system",
-                _ => "user",
-            };
-            messages.push(json!({"role": role, "content": message_text(item).as_ref()}));
-        }
-        "function_call" => push_call(messages, s("call_id"), s("name"), s("arguments")),
-        "function_call_output" => {
-            let output = match item.get("output") {
-                Some(o) if o.is_str() => o.as_str().unwrap_or("").to_string(),
-                Some(o) => message_text(&json!({"content": o})).into_owned(),
-                None => String::new(),
-            };
-            messages.push(json!({"role": "tool", "tool_call_id": s("call_id"), "content": output}));
-        }
-        // An MCP call the gateway ran: the call, then its output, as the model saw them.
-        "mcp_call" => {
-            let id = s("id");
-            push_call(messages, id, s("name"), s("arguments"));
-            let output =
-                item.get("output").and_then(|o| o.as_str()).or_else(|| item.get("error").and_then(|e| e.as_str()));
-            messages.push(json!({"role": "tool", "tool_call_id": id, "content": output.unwrap_or("")}));
-        }
-        // Reasoning and tool listings are not replayed (chat templates drop earlier reasoning).
-        _ => {}
-    }
+/// The chat messages, written as JSON text: an assistant's tool calls right after one
+/// another are one message (parallel calls), left open until something else comes.
+struct Messages {
+    out: Vec<u8>,
+    first: bool,
+    /// The last message is an assistant's tool calls, its `tool_calls` array not closed.
+    calls_open: bool,
 }
 
-/// An assistant tool call; a call right after another joins its message (parallel calls).
-fn push_call(messages: &mut Vec<Value>, id: &str, name: &str, arguments: &str) {
-    let call = json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}});
-    if let Some(last) = messages.last_mut() {
-        let joins = last.get("role").and_then(|r| r.as_str()) == Some("assistant")
-            && last.get("tool_calls").is_some_and(|c| c.is_array());
-        if joins {
-            if let Some(calls) = last.get_mut("tool_calls").and_then(|c| c.as_array_mut()) {
-                calls.push(call);
-                return;
+impl Messages {
+    fn start(&mut self) {
+        if self.calls_open {
+            self.out.extend_from_slice(b"]}");
+            self.calls_open = false;
+        }
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+    }
+
+    /// `{"role":…,"content":…}` (`content` null when None).
+    fn message(&mut self, role: &str, content: Option<&str>) {
+        self.start();
+        self.out.extend_from_slice(b"{\"role\":");
+        smg_wire::json::put_str(&mut self.out, role);
+        self.out.extend_from_slice(b",\"content\":");
+        match content {
+            Some(c) => smg_wire::json::put_str(&mut self.out, c),
+            None => self.out.extend_from_slice(b"null"),
+        }
+        self.out.push(b'}');
+    }
+
+    /// A tool's answer to the call `id`.
+    fn tool(&mut self, id: &str, content: &str) {
+        self.start();
+        self.out.extend_from_slice(b"{\"role\":\"tool\",\"tool_call_id\":");
+        smg_wire::json::put_str(&mut self.out, id);
+        self.out.extend_from_slice(b",\"content\":");
+        smg_wire::json::put_str(&mut self.out, content);
+        self.out.push(b'}');
+    }
+
+    /// An assistant tool call; a call right after another joins its message.
+    fn call(&mut self, id: &str, name: &str, arguments: &str) {
+        if self.calls_open {
+            self.out.push(b',');
+        } else {
+            self.start();
+            self.out.extend_from_slice(b"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[");
+            self.calls_open = true;
+        }
+        self.out.extend_from_slice(b"{\"id\":");
+        smg_wire::json::put_str(&mut self.out, id);
+        self.out.extend_from_slice(b",\"type\":\"function\",\"function\":{\"name\":");
+        smg_wire::json::put_str(&mut self.out, name);
+        self.out.extend_from_slice(b",\"arguments\":");
+        smg_wire::json::put_str(&mut self.out, arguments);
+        self.out.extend_from_slice(b"}}");
+    }
+
+    /// One item's chat message(s).
+    fn item(&mut self, item: &Value) {
+        let s = |k: &str| item.get(k).and_then(|v| v.as_str()).unwrap_or("");
+        match item.get("type").and_then(|t| t.as_str()).unwrap_or("message") {
+            "message" => {
+                let role = match s("role") {
+                    "assistant" => "assistant",
+                    "system" | "developer" => "system",
+                    _ => "user",
+                };
+                self.message(role, Some(message_text(item).as_ref()));
             }
+            "function_call" => self.call(s("call_id"), s("name"), s("arguments")),
+            "function_call_output" => {
+                let output = match item.get("output") {
+                    Some(o) if o.is_str() => std::borrow::Cow::Borrowed(o.as_str().unwrap_or("")),
+                    Some(o) => std::borrow::Cow::Owned(message_text(&json!({"content": o})).into_owned()),
+                    None => std::borrow::Cow::Borrowed(""),
+                };
+                self.tool(s("call_id"), &output);
+            }
+            // An MCP call the gateway ran: the call, then its output, as the model saw them.
+            "mcp_call" => {
+                let id = s("id");
+                self.call(id, s("name"), s("arguments"));
+                let output =
+                    item.get("output").and_then(|o| o.as_str()).or_else(|| item.get("error").and_then(|e| e.as_str()));
+                self.tool(id, output.unwrap_or(""));
+            }
+            // Reasoning and tool listings are not replayed (chat templates drop earlier reasoning).
+            _ => {}
         }
     }
-    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+
+    fn close(mut self) -> Vec<u8> {
+        if self.calls_open {
+            self.out.extend_from_slice(b"]}");
+        }
+        self.out
+    }
 }
 
 /// A stored chain's items as the next turn's history: each turn's input, then its output.
@@ -463,6 +613,32 @@ mod tests {
         assert_eq!(chat["messages"][2]["tool_call_id"].as_str(), Some("c1"));
         assert_eq!(chat["tools"][0]["function"]["name"].as_str(), Some("f"));
         assert_eq!(chat["stream_options"]["include_usage"].as_bool(), Some(true));
+    }
+
+    #[test]
+    fn input_items_are_stored_in_openais_shape_with_their_own_ids_kept() {
+        let t = turn(
+            r#"{"model":"m","input":[{"role":"user","content":"hi","phase":"x"},
+                {"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+                {"type":"function_call","id":"fc_mine","call_id":"c2","name":"f","arguments":"{}","status":"completed"},
+                {"type":"function_call_output","call_id":"c1","output":"42"}]}"#,
+        )
+        .unwrap();
+        let keys = |i: usize| {
+            let v: Value = sonic_rs::from_str(&t.input_text[i]).unwrap();
+            v.as_object().unwrap().iter().map(|(k, _)| k.to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(keys(0), ["type", "id", "status", "role", "content", "phase"]);
+        assert_eq!(t.input[0]["content"][0]["text"].as_str(), Some("hi"));
+        assert_eq!(keys(1), ["type", "id", "call_id", "name", "arguments", "status"]);
+        assert!(t.input[1]["id"].as_str().unwrap().starts_with("fc_"));
+        // Already complete: stored as sent.
+        assert_eq!(t.input[2]["id"].as_str(), Some("fc_mine"));
+        assert!(t.input_text[2].contains(r#""id":"fc_mine""#));
+        assert!(t.input[3]["id"].as_str().unwrap().starts_with("fco_"));
+        for (v, text) in t.input.iter().zip(&t.input_text) {
+            assert_eq!(&sonic_rs::from_str::<Value>(text).unwrap(), v);
+        }
     }
 
     #[test]

@@ -82,15 +82,30 @@ fn in_string_special(w: u64) -> bool {
     has_zero(w ^ (ONES * u64::from(b'"'))) || has_zero(w ^ (ONES * u64::from(b'\\')))
 }
 
-/// Appends `s` as a quoted JSON string: `"` and `\` escaped, control bytes as `\n`, `\r`,
+/// Some byte of `w` is `"`, `\\` or a control byte (below 0x20): one that needs escaping.
+fn needs_escape(w: u64) -> bool {
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w & (ONES << 7) != 0;
+    below_space || in_string_special(w)
+}
+
+/// Appends `s` as a quoted JSON string: `"` and `\\` escaped, control bytes as `\n`, `\r`,
 /// `\t` or `\u00XX`; everything else (UTF-8 included) as is.
+///
+/// Eight bytes at a time past those that need nothing: a Responses turn writes its 1.2 KB
+/// input twice (the stored item, the chat), measured at 2.4 µs a turn byte by byte
+/// (`cargo bench --bench responses -- turn_1k`).
 pub fn put_str(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(s.len() + 2);
     out.push(b'"');
     let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
+    let (mut start, mut i, n) = (0, 0, bytes.len());
+    while i < n {
+        if i + 8 <= n && !needs_escape(word(bytes, i)) {
+            i += 8;
+            continue;
+        }
+        let b = bytes[i];
         let esc: &[u8] = match b {
             b'"' => b"\\\"",
             b'\\' => b"\\\\",
@@ -98,11 +113,15 @@ pub fn put_str(out: &mut Vec<u8>, s: &str) {
             b'\r' => b"\\r",
             b'\t' => b"\\t",
             0..=0x1f => &[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 15) as usize]],
-            _ => continue,
+            _ => {
+                i += 1;
+                continue;
+            }
         };
         out.extend_from_slice(&bytes[start..i]);
         out.extend_from_slice(esc);
-        start = i + 1;
+        i += 1;
+        start = i;
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
@@ -189,5 +208,36 @@ mod tests {
         let mut out = Vec::new();
         put_str(&mut out, "a\"b\\c\nd\r\te\u{1}f é");
         assert_eq!(out, "\"a\\\"b\\\\c\\nd\\r\\te\\u0001f é\"".as_bytes());
+    }
+
+    #[test]
+    fn escapes_wherever_the_byte_falls_in_a_word() {
+        // Byte by byte, the reference.
+        let reference = |s: &str| {
+            let mut out = vec![b'"'];
+            for c in s.bytes() {
+                match c {
+                    b'"' => out.extend_from_slice(b"\\\""),
+                    b'\\' => out.extend_from_slice(b"\\\\"),
+                    b'\n' => out.extend_from_slice(b"\\n"),
+                    b'\r' => out.extend_from_slice(b"\\r"),
+                    b'\t' => out.extend_from_slice(b"\\t"),
+                    0..=0x1f => out.extend_from_slice(format!("\\u{c:04x}").as_bytes()),
+                    _ => out.push(c),
+                }
+            }
+            out.push(b'"');
+            out
+        };
+        for special in ["\"", "\\", "\n", "\u{1f}", "\u{0}", "é", " ", "\u{7f}"] {
+            for at in 0..20 {
+                for len in at..24 {
+                    let s: String = (0..len).map(|i| if i == at { special.to_string() } else { "x".into() }).collect();
+                    let mut out = Vec::new();
+                    put_str(&mut out, &s);
+                    assert_eq!(out, reference(&s), "{s:?}");
+                }
+            }
+        }
     }
 }
