@@ -13,6 +13,7 @@ use monoio::time::Instant;
 use crate::rt::write_out;
 use crate::sim::handoff;
 use crate::sim::pd::Handoff;
+use crate::sim::render::Scratch;
 use crate::sim::render::{
     flush_events, put_error_body, put_head, put_input_logprobs, put_response, Framing, Gen, DONE_EVENT,
 };
@@ -21,17 +22,6 @@ use crate::sim::routes::Job;
 use crate::sim::timing::{self, Schedule};
 use crate::sim::worker::{bump, Worker};
 use crate::wire::LAST_CHUNK;
-
-/// Per-connection scratch buffers, reused across requests.
-#[derive(Default)]
-pub struct Scratch {
-    /// Bytes about to be written to the socket.
-    pub out: Vec<u8>,
-    /// SSE events (or a JSON body) being assembled.
-    pub events: Vec<u8>,
-    /// The repeated start of every chunk of one stream.
-    pub prefix: Vec<u8>,
-}
 
 /// Runs `job`; returns whether the connection may be reused.
 pub async fn run(

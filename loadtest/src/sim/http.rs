@@ -10,9 +10,11 @@ use monoio::io::AsyncReadRent;
 use monoio::net::TcpStream;
 
 use crate::rt::write_out;
-use crate::sim::engine::{self, Scratch};
+use crate::sim::engine;
 use crate::sim::provider;
+use crate::sim::provider_responses;
 use crate::sim::realtime;
+use crate::sim::render::Scratch;
 use crate::sim::render::{put_error_body, put_response};
 use crate::sim::request_log;
 use crate::sim::routes::{self, Action, Route};
@@ -271,6 +273,7 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
                     }
                     Route::Models => Some(provider::Ask::Models),
                     Route::Infer(_) | Route::Decisions => Some(provider::Ask::Infer(req_body)),
+                    Route::Responses => Some(provider::Ask::Responses(req_body)),
                     _ => Some(provider::Ask::Other),
                 };
                 let header = |i: usize| head.logged.iter().find(|(h, _)| *h == i).map(|(_, r)| &rbuf[r.clone()]);
@@ -306,6 +309,9 @@ pub async fn serve_prefixed(w: Rc<Worker>, mut stream: TcpStream, mut rbuf: Vec<
                 Err(_) => false,
             },
             Action::Generate(job) => engine::run(&w, job, &mut stream, &mut s, keep_alive).await.unwrap_or(false),
+            Action::Responses(turn) => {
+                provider_responses::run(&w, *turn, &mut stream, &mut s, keep_alive).await.unwrap_or(false)
+            }
             Action::Hang => {
                 // Swallow whatever the client sends until it gives up.
                 loop {

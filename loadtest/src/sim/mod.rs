@@ -26,6 +26,7 @@ pub mod pd;
 pub mod prefix_cache;
 pub mod profile;
 pub mod provider;
+pub mod provider_responses;
 pub mod realtime;
 pub mod render;
 pub mod request;

@@ -10,6 +10,9 @@
 //! - An inference request for a model the key does not list: 404 in the provider's shape;
 //!   one with a self-hosted engine's field (`top_k`, `min_p`, …): 400, as OpenAI refuses an
 //!   argument it does not know.
+//! - `POST /v1/responses` (OpenAI and xAI hosts; Anthropic and Gemini: 404 in their shape):
+//!   OpenAI's Responses API from a provider that keeps no state, its answer echoing the whole
+//!   input it was sent, after the same key and model checks as chat (provider_responses.rs).
 //! - `/sim/control {"provider_fail": 401|429, "retry_after": N}`: every provider request is
 //!   answered that way (429 with `Retry-After: N`); `{"provider_fail": null}` ends it.
 //!
@@ -140,6 +143,9 @@ pub enum Ask<'a> {
     Models,
     /// An inference request's body.
     Infer(&'a [u8]),
+    /// `POST /v1/responses`'s body: OpenAI's and xAI's, checked as `Infer`; other providers
+    /// have no such route.
+    Responses(&'a [u8]),
     Other,
 }
 
@@ -184,7 +190,8 @@ pub fn answer<'h>(
             put_response(out, 200, "application/json", &models_body(p, &info.models), keep_alive, extra);
             true
         }
-        Ask::Infer(body) => {
+        Ask::Responses(_) if matches!(p, Provider::Anthropic | Provider::Gemini) => reply(out, 404, "Not Found", b""),
+        Ask::Infer(body) | Ask::Responses(body) => {
             // As OpenAI does, a field the API does not know is refused (SGLang's extensions).
             if let Some(f) = ENGINE_ONLY.iter().find(|f| sonic_rs::get(body, [**f]).is_ok()) {
                 return reply(out, 400, &format!("Unrecognized request argument supplied: {f}"), b"");
@@ -287,6 +294,23 @@ mod tests {
         assert!(ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Infer(br#"{"model":"gpt-4o"}"#), None).is_none());
         let r = ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Infer(br#"{"model":"gpt-5"}"#), None).unwrap();
         assert!(r.starts_with("HTTP/1.1 404") && r.contains("model_not_found"), "{r}");
+    }
+
+    #[test]
+    fn responses_is_openais_route() {
+        let body = Ask::Responses(br#"{"model":"gpt-4o","input":"hi"}"#);
+        assert!(ask("api.openai.com", &[(1, "Bearer sk-o")], body, None).is_none(), "on to provider_responses");
+        let r = ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Responses(br#"{"model":"gpt-5"}"#), None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 404") && r.contains("model_not_found"), "{r}");
+        let r = ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Responses(br#"{"top_k":1}"#), None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 400") && r.contains("top_k"), "{r}");
+        let r = ask("api.openai.com", &[], Ask::Responses(b"{}"), None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 401"), "{r}");
+        let r = ask("api.anthropic.com", &[(2, "sk-a")], Ask::Responses(br#"{"model":"claude-x"}"#), None).unwrap();
+        assert!(r.starts_with("HTTP/1.1 404") && r.contains("not_found_error"), "{r}");
+        let fail = Some(ProviderFail { status: 401, retry_after: None });
+        let r = ask("api.openai.com", &[(1, "Bearer sk-o")], Ask::Responses(b"{}"), fail).unwrap();
+        assert!(r.starts_with("HTTP/1.1 401"), "{r}");
     }
 
     #[test]

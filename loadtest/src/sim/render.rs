@@ -578,3 +578,14 @@ mod tests {
         assert_eq!(json(&out)["error"]["code"].as_u64(), Some(500));
     }
 }
+
+/// Per-connection scratch buffers, reused across requests.
+#[derive(Default)]
+pub struct Scratch {
+    /// Bytes about to be written to the socket.
+    pub out: Vec<u8>,
+    /// SSE events (or a JSON body) being assembled.
+    pub events: Vec<u8>,
+    /// The repeated start of every chunk of one stream.
+    pub prefix: Vec<u8>,
+}

@@ -47,6 +47,9 @@ pub enum Route {
     Realtime,
     /// One of the Realtime REST routes, echoed.
     RealtimeRest(&'static str),
+    /// `POST /v1/responses`: served by `--provider-keys` workers only (provider_responses.rs);
+    /// other workers answer 404 as for any unknown path.
+    Responses,
     NotFound,
 }
 
@@ -60,6 +63,7 @@ pub fn resolve(path: &str, runtime: Runtime) -> Route {
         "/v1/completions" => Route::Infer(Api::Completions),
         "/v1/embeddings" => Route::Infer(Api::Embeddings),
         "/v1/messages" => Route::Infer(Api::Messages),
+        "/v1/responses" => Route::Responses,
         "/sim/control" => Route::SimControl,
         "/sim/stats" => Route::SimStats,
         "/sim/requests" => Route::SimRequests,
@@ -112,6 +116,8 @@ pub enum Action {
         keep_alive: bool,
     },
     Generate(Job),
+    /// A `--provider-keys` worker's Responses answer, for `provider_responses::run`.
+    Responses(Box<crate::sim::provider_responses::Turn>),
     Hang,
     /// Close without answering (the worker is dead).
     Close,
@@ -182,6 +188,15 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
             Err(e) => error_reply(out, 400, &e, keep_alive, extra),
         },
         Route::Infer(api) if is_post => infer(w, api, body, keep_alive, out),
+        Route::Responses if w.providers.is_some() && is_post => {
+            use crate::sim::provider_responses::{dispatch, Opening};
+            match dispatch(w, body, keep_alive, out) {
+                Opening::Replied => Action::Reply { keep_alive },
+                Opening::Hang => Action::Hang,
+                Opening::Turn(t) => Action::Responses(t),
+            }
+        }
+        Route::Responses if w.providers.is_some() => error_reply(out, 405, "method not allowed", keep_alive, extra),
         Route::Decisions if is_post => match (bump(&w.stats.inference, 1), w.runtime).1 {
             Runtime::Sglang => {
                 let (status, body) = crate::sim::systemone::systemone(body);
@@ -194,7 +209,7 @@ pub fn dispatch(w: &Worker, route: Route, is_post: bool, body: &[u8], keep_alive
         }
         // Served by the connection (http.rs) when the method is right.
         Route::Realtime | Route::RealtimeRest(_) => error_reply(out, 405, "method not allowed", keep_alive, extra),
-        Route::NotFound => error_reply(out, 404, "not found", keep_alive, extra),
+        Route::NotFound | Route::Responses => error_reply(out, 404, "not found", keep_alive, extra),
     }
 }
 
