@@ -27,21 +27,6 @@ fn output_text(v: &Value) -> String {
     text
 }
 
-/// A stream's events: (SSE event name, data), in order.
-fn events(r: &Response) -> Vec<(String, Value)> {
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("content-type"), Some("text/event-stream"));
-    r.text()
-        .split_terminator("\n\n")
-        .map(|e| {
-            let mut lines = e.lines();
-            let name = lines.next().unwrap().strip_prefix("event: ").expect("an event line").to_string();
-            let data = sonic_rs::from_str(lines.next().unwrap().strip_prefix("data: ").expect("a data line")).unwrap();
-            (name, data)
-        })
-        .collect()
-}
-
 #[test]
 fn a_turn_is_answered_stored_listed_chained_and_deleted() {
     both_drivers(|legacy| {

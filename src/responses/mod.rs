@@ -8,6 +8,7 @@ pub(crate) mod answer;
 pub(crate) mod events;
 pub mod mcp;
 pub(crate) mod plan;
+pub(crate) mod provider_turn;
 // A turn's own work, for the bench (bench/responses.rs).
 #[doc(hidden)]
 pub mod own_work;

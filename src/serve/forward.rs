@@ -21,11 +21,12 @@ use super::ctx::RequestCtx;
 use super::error::{Failure, WorkerError};
 use super::finish::Outcome;
 use super::upstream::{relay_response, Answered, AttemptError, HttpRequest};
-use super::{decisions, grpc, merged, pair, pair_admit, pick};
+use super::{decisions, grpc, merged, pair, pair_admit, pick, provider_turn};
 use crate::api::{ApiError, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
 use crate::io::sleep;
+use crate::responses::provider_turn::ProviderTurn;
 use crate::retry::{self, RetryPolicy};
 use crate::shard::Shard;
 use crate::workers::breaker::Verdict;
@@ -40,6 +41,17 @@ enum Answer {
     Grpc(grpc::Begun),
 }
 
+/// What the phases before made of the request for the loop.
+pub(super) enum Made<'a> {
+    /// Nothing: the client's request, as it came.
+    Nothing,
+    /// A gRPC request (a Responses turn's chat, src/serve/responses.rs).
+    Grpc(Box<grpc::GrpcRequest>),
+    /// A Responses turn the gateway keeps for a provider, its answer relayed by
+    /// src/serve/provider_turn.rs.
+    Kept(&'a ProviderTurn),
+}
+
 /// See the module doc.
 pub(super) async fn forward(
     shard: &Rc<Shard>,
@@ -48,8 +60,13 @@ pub(super) async fn forward(
     ctx: &mut RequestCtx,
     spec: &EndpointSpec,
     body: &mut Body,
-    made: Option<grpc::GrpcRequest>,
+    made: Made<'_>,
 ) -> Outcome {
+    let (made, kept) = match made {
+        Made::Nothing => (None, None),
+        Made::Grpc(g) => (Some(*g), None),
+        Made::Kept(k) => (None, Some(k)),
+    };
     let mut http = HttpRequest::new(spec, head, &client.buf);
     // gRPC workers with a text policy route on the prompt's token ids: tokenized before pick.
     // A Responses turn comes with its chat request made.
@@ -145,6 +162,13 @@ pub(super) async fn forward(
                 ctx.judge(id, Verdict::of_status(status));
                 crate::debug!("request {}: worker {} answered {status}; retrying", ctx.id_str(), ctx.worker_url());
                 None
+            }
+            Ok(Answer::Http(answered)) if kept.is_some() && (200..300).contains(&answered.head.status) => {
+                let Some(turn) = kept else { unreachable!("a kept turn") };
+                match provider_turn::relay(shard, client, head, ctx, &picked, answered, turn).await {
+                    Ok(o) => return o,
+                    Err(e) => Some(e),
+                }
             }
             Ok(Answer::Http(answered)) if http.translates(&picked) && (200..300).contains(&answered.head.status) => {
                 let Some(plan) = http.plan() else { unreachable!("a translated attempt had its plan") };

@@ -43,6 +43,7 @@ mod models;
 mod pair;
 mod pair_admit;
 mod pick;
+mod provider_turn;
 mod queue_wait;
 mod realtime;
 mod reserve;
@@ -195,7 +196,10 @@ async fn request(
     if spec.path == api::history::RESPONSES && responses::served_here(shard, ctx) {
         return responses::turn(shard, client, head, ctx, &mut body).await;
     }
-    forward::forward(shard, client, head, ctx, spec, &mut body, None).await
+    if spec.path == api::history::RESPONSES && responses::kept_here(shard, ctx) {
+        return responses::for_provider(shard, client, head, ctx, spec, &body).await;
+    }
+    forward::forward(shard, client, head, ctx, spec, &mut body, forward::Made::Nothing).await
 }
 
 /// Phase: authorize. Serving routes need a serving key when keys are configured and get

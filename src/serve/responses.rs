@@ -13,19 +13,21 @@ use super::client::Client;
 use super::ctx::RequestCtx;
 use super::error::Failure;
 use super::finish::Outcome;
-use super::forward;
+use super::forward::{self, Made};
 use super::grpc::GrpcRequest;
 use super::history::{tenant_of, unavailable, visible};
-use crate::api::{ApiError, RESPONSES_TURN};
+use crate::api::{ApiError, EndpointSpec, RESPONSES_TURN};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
 use crate::responses::answer::{listing_item, mcp_call_item_approved, Shell};
 use crate::responses::mcp::{Called, McpUrl, Server};
 use crate::responses::ordered;
 use crate::responses::plan::{McpPlan, TurnPlan};
+use crate::responses::provider_turn::ProviderTurn;
 use crate::responses::store::{unix_now, Op, Reply};
-use crate::responses::turn::{chain_items, new_id, Turn};
+use crate::responses::turn::{new_id, Turn};
 use crate::shard::Shard;
+use crate::workers::provider::Provider;
 
 /// Most conversation items a turn replays.
 const MAX_CONVERSATION_ITEMS: usize = 10_000;
@@ -55,45 +57,11 @@ pub(super) async fn turn(
     // A response says it is stored only when it will be.
     turn.store &= history.stores;
     let tenant = tenant_of(ctx);
-    let mut prior = Vec::new();
-    if let Some(prev) = &turn.previous {
-        match history.ask(Op::Chain(prev.clone())).await {
-            Ok(Reply::Chain(Some(chain))) if chain.last().is_some_and(|r| visible(&r.tenant, &tenant)) => {
-                prior = chain_items(&chain);
-            }
-            Ok(_) => {
-                let msg = format!("Previous response with id '{prev}' not found.");
-                return reject(ApiError::new(400, "previous_response_not_found", msg));
-            }
-            Err(e) => return reject(unavailable(e)),
-        }
-    }
-    if let Some(conv) = &turn.conversation {
-        match history.ask(Op::GetConversation(conv.clone())).await {
-            Ok(Reply::Conversation(Some(c))) if visible(&c.tenant, &tenant) => {}
-            Ok(_) => return reject(ApiError::new(404, "not_found", format!("Conversation '{conv}' not found"))),
-            Err(e) => return reject(unavailable(e)),
-        }
-        let op =
-            Op::ListItems { conversation: conv.clone(), after: None, limit: MAX_CONVERSATION_ITEMS, ascending: true };
-        match history.ask(op).await {
-            Ok(Reply::Items(items)) => {
-                prior = items.iter().map(|i| sonic_rs::from_str(&i.json).unwrap_or_default()).collect();
-            }
-            Ok(_) => {}
-            Err(e) => return reject(unavailable(e)),
-        }
-    }
-    let context = shard
-        .cfg()
-        .history
-        .context_headers
-        .iter()
-        .filter_map(|(h, key)| {
-            let v = head.header(&client.buf, h)?;
-            Some((key.clone(), String::from_utf8_lossy(v).into_owned()))
-        })
-        .collect();
+    let prior: Vec<Value> = match history_of(shard, &turn, &tenant).await {
+        Ok(items) => items.iter().map(|i| sonic_rs::from_str(i).unwrap_or_default()).collect(),
+        Err(e) => return reject(e),
+    };
+    let context = context_of(shard, client, head);
     let model = ctx.model.clone().unwrap_or_else(|| turn.model.clone());
     let mut mcp = match mcp_plan(shard, &turn).await {
         Ok(m) => m,
@@ -118,7 +86,100 @@ pub(super) async fn turn(
         prior,
         turn,
     };
-    forward::forward(shard, client, head, ctx, &RESPONSES_TURN, body, Some(GrpcRequest::turn(chat, plan))).await
+    forward::forward(
+        shard,
+        client,
+        head,
+        ctx,
+        &RESPONSES_TURN,
+        body,
+        Made::Grpc(Box::new(GrpcRequest::turn(chat, plan))),
+    )
+    .await
+}
+
+/// The stored history a turn follows, oldest first, as JSON text: the chain of its
+/// `previous_response_id` (each turn's input, then output), or its conversation's items.
+async fn history_of(shard: &Shard, turn: &Turn, tenant: &Option<String>) -> Result<Vec<String>, ApiError> {
+    let history = shard.history();
+    if let Some(prev) = &turn.previous {
+        return match history.ask(Op::Chain(prev.clone())).await {
+            Ok(Reply::Chain(Some(chain))) if chain.last().is_some_and(|r| visible(&r.tenant, tenant)) => {
+                Ok(chain.into_iter().flat_map(|r| r.input.into_iter().chain(r.output)).collect())
+            }
+            Ok(_) => {
+                let msg = format!("Previous response with id '{prev}' not found.");
+                Err(ApiError::new(400, "previous_response_not_found", msg))
+            }
+            Err(e) => Err(unavailable(e)),
+        };
+    }
+    let Some(conv) = &turn.conversation else { return Ok(Vec::new()) };
+    match history.ask(Op::GetConversation(conv.clone())).await {
+        Ok(Reply::Conversation(Some(c))) if visible(&c.tenant, tenant) => {}
+        Ok(_) => return Err(ApiError::new(404, "not_found", format!("Conversation '{conv}' not found"))),
+        Err(e) => return Err(unavailable(e)),
+    }
+    let op = Op::ListItems { conversation: conv.clone(), after: None, limit: MAX_CONVERSATION_ITEMS, ascending: true };
+    match history.ask(op).await {
+        Ok(Reply::Items(items)) => Ok(items.into_iter().map(|i| i.json).collect()),
+        Ok(_) => Ok(Vec::new()),
+        Err(e) => Err(unavailable(e)),
+    }
+}
+
+/// `--storage-context-headers`: (context key, the request header's value) of those sent.
+fn context_of(shard: &Shard, client: &Client, head: &RequestHead) -> Vec<(String, String)> {
+    shard
+        .cfg()
+        .history
+        .context_headers
+        .iter()
+        .filter_map(|(h, key)| {
+            let v = head.header(&client.buf, h)?;
+            Some((key.clone(), String::from_utf8_lossy(v).into_owned()))
+        })
+        .collect()
+}
+
+/// The gateway keeps the turn's history for a cloud provider whose Responses API it is
+/// sent to (OpenAI's, xAI's): one serves the model (src/responses/provider_turn.rs).
+pub(super) fn kept_here(shard: &Shard, ctx: &RequestCtx) -> bool {
+    let snap = shard.snapshot();
+    let serves = |w: &crate::workers::snapshot::Worker| match ctx.model.as_deref() {
+        None => true,
+        Some(m) => w.model.as_deref() == Some(m) || w.meta.more_models.iter().any(|x| x == m),
+    };
+    snap.providers
+        && snap.workers.iter().any(|w| matches!(w.meta.provider, Some(Provider::OpenAi | Provider::Xai)) && serves(w))
+}
+
+/// Phase for `POST /v1/responses` on a provider that keeps no state for the gateway: the
+/// history loaded as for a gRPC turn, the provider sent it whole (`store: false`), and its
+/// answer kept as it is relayed (src/serve/provider_turn.rs).
+pub(super) async fn for_provider(
+    shard: &Rc<Shard>,
+    client: &mut Client,
+    head: &RequestHead,
+    ctx: &mut RequestCtx,
+    spec: &EndpointSpec,
+    body: &Body,
+) -> Outcome {
+    let mut turn = match Turn::read(body.bytes(&client.buf)) {
+        Ok(t) => t,
+        Err(e) => return reject(e),
+    };
+    turn.store &= shard.history().stores;
+    let tenant = tenant_of(ctx);
+    let prior = match history_of(shard, &turn, &tenant).await {
+        Ok(items) => items,
+        Err(e) => return reject(e),
+    };
+    let context = context_of(shard, client, head);
+    let kept = ProviderTurn::new(&turn, prior, tenant, context);
+    ctx.streaming = turn.stream;
+    let mut sent = Body::Owned(kept.body(body.bytes(&client.buf)));
+    forward::forward(shard, client, head, ctx, spec, &mut sent, Made::Kept(&kept)).await
 }
 
 /// Calls the MCP loop runs in a turn when the request does not say (`max_tool_calls`).

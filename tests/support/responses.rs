@@ -35,3 +35,18 @@ pub fn error_code(r: &Response, status: u16) -> String {
 pub fn engine_prompt(sim: &Sim) -> u64 {
     sim.stats()["grpc"]["last_generate"]["input_tokens"].as_u64().unwrap()
 }
+
+/// A stream's events: (SSE event name, data), in order.
+pub fn events(r: &Response) -> Vec<(String, Value)> {
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    r.text()
+        .split_terminator("\n\n")
+        .map(|e| {
+            let mut lines = e.lines();
+            let name = lines.next().unwrap().strip_prefix("event: ").expect("an event line").to_string();
+            let data = sonic_rs::from_str(lines.next().unwrap().strip_prefix("data: ").expect("a data line")).unwrap();
+            (name, data)
+        })
+        .collect()
+}
