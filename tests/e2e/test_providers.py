@@ -1,7 +1,8 @@
 """Cloud providers through the official SDKs: this gateway with `--backend openai`, a gateway
 key (`--api-key`, which must never reach a provider) and an Anthropic worker registered beside it, both played by one smg-sim over TLS (its CA trusted
 through SSL_CERT_FILE) and reached only through its CONNECT proxy (HTTPS_PROXY). The openai
-SDK chats whole and streamed; the anthropic SDK sends Messages whole and streamed.
+SDK chats whole and streamed, and keeps Responses turns the gateway stores; the anthropic SDK
+sends Messages whole and streamed.
 tests/providers.rs checks every key rule; this is the SDKs' view.
 
 Needs SMG_BIN and SMG_SIM_BIN (else both are built with cargo). 127.0.0.1 only, ports picked
@@ -123,3 +124,31 @@ def test_anthropic_sdk_sends_messages_to_the_anthropic_provider(stack):
     assert text and final.content[0].text == text and final.stop_reason in ("end_turn", "max_tokens")
     with pytest.raises(anthropic.AuthenticationError):
         own("nobodys-key").messages.create(model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_openai_sdk_responses_kept_by_the_gateway(stack):
+    # The provider keeps nothing (smg-sim refuses previous_response_id and conversation, and
+    # answers with every input item it was sent): the gateway stores each turn and sends the
+    # history whole.
+    client = openai.OpenAI(base_url=f"{stack['gw']}/v1", api_key=GATEWAY_KEY, max_retries=0, timeout=60)
+    r = client.responses.create(model="gpt-4o", input="hi")
+    assert r.output_text == "heard user:hi" and r.store
+    assert client.responses.retrieve(r.id).output_text == r.output_text
+    assert [i.type for i in client.responses.input_items.list(r.id).data] == ["message"]
+    nxt = client.responses.create(model="gpt-4o", input="again", previous_response_id=r.id)
+    assert nxt.previous_response_id == r.id
+    assert nxt.output_text == "heard user:hi | assistant:heard user:hi | user:again"
+    with client.responses.stream(model="gpt-4o", input="more", previous_response_id=nxt.id) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert "".join(deltas) == final.output_text and final.output_text.endswith("| user:again | user:more")
+    assert final.previous_response_id == nxt.id and final.store
+    assert client.responses.retrieve(final.id).output_text == final.output_text
+    conv = client.conversations.create()
+    client.responses.create(model="gpt-4o", input="one", conversation=conv.id)
+    two = client.responses.create(model="gpt-4o", input="two", conversation=conv.id)
+    assert two.output_text == "heard user:one | assistant:heard user:one | user:two"
+    assert len(client.conversations.items.list(conv.id).data) == 4
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
