@@ -13,8 +13,6 @@
 //! - the writes keep the response under the provider's id, with this turn's input items and
 //!   the provider's output items, and append both to the conversation.
 
-use sonic_rs::JsonValueTrait;
-
 use super::store::{Item, Op, StoredResponse};
 use super::turn::Turn;
 use crate::contract::json::{parse, Doc, Kind};
@@ -36,9 +34,16 @@ pub(crate) struct ProviderTurn {
     pub context: Vec<(String, String)>,
 }
 
+/// A top-level string member of a JSON object's text. The contract's scanner, not sonic-rs's
+/// lazy (recursive) skip: a provider's answer is outside JSON, nested as deep as it likes.
+fn member(text: &[u8], key: &str) -> Option<String> {
+    let doc = parse(text).ok()?;
+    doc.get(0, key).filter(|&v| doc.kind(v) == Kind::String).map(|v| doc.str(v).into_owned())
+}
+
 /// The `type` of an item's JSON text.
 fn item_type(text: &str) -> Option<String> {
-    sonic_rs::get(text, ["type"]).ok().and_then(|v| v.as_str().map(str::to_string))
+    member(text.as_bytes(), "type")
 }
 
 /// An item sent to the provider (reasoning is not: see the module doc).
@@ -162,8 +167,7 @@ impl ProviderTurn {
     /// Whether a stream's `event` ends the response.
     pub(crate) fn ends(event: &[u8]) -> Option<Ends> {
         let (from, to) = event_data(event)?;
-        let kind = sonic_rs::get(&event[from..to], ["type"]).ok()?;
-        match kind.as_str()? {
+        match member(&event[from..to], "type")?.as_str() {
             "response.completed" | "response.incomplete" => Some(Ends::Kept),
             "response.failed" | "error" => Some(Ends::Failed),
             _ => None,
@@ -195,8 +199,10 @@ impl ProviderTurn {
 
     /// The writes that keep the provider's response, `object` as patched: the response
     /// under its id, and the turn's input and output items appended to its conversation.
-    /// None: the object names no id.
+    /// None: the object names no id, or nests deeper than any reader accepts.
     pub(crate) fn writes(&self, object: &[u8]) -> Option<Vec<Op>> {
+        // What is stored is read again by recursive parsers (a later turn's history, GET).
+        crate::bounded_json::check(object).ok()?;
         let doc = parse(object).ok()?;
         let id = doc.get_some(0, "id").filter(|&v| doc.kind(v) == Kind::String)?;
         let created_at = doc.get_some(0, "created_at").map_or(0, |v| doc.number(v) as u64);
@@ -209,7 +215,7 @@ impl ProviderTurn {
         let mut ops = Vec::with_capacity(2);
         if let Some(c) = &self.conversation {
             let item = |json: &String| Item {
-                id: sonic_rs::get(json, ["id"]).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+                id: member(json.as_bytes(), "id").unwrap_or_default(),
                 json: json.clone(),
                 created_at,
             };
@@ -248,7 +254,7 @@ impl ProviderTurn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sonic_rs::{JsonContainerTrait, Value};
+    use sonic_rs::{JsonContainerTrait, JsonValueTrait, Value};
 
     fn turn(body: &str, prior: &[&str]) -> ProviderTurn {
         let t = Turn::read(body.as_bytes()).unwrap();
@@ -304,6 +310,8 @@ mod tests {
         let unkept: Value = sonic_rs::from_slice(&t.patched(object, false)).unwrap();
         assert_eq!(unkept["store"].as_bool(), Some(false));
         assert_eq!(ProviderTurn::usage(object), (5, 2));
+        let deep = format!(r#"{{"id":"resp_3","output":[{}{}]}}"#, "[".repeat(200), "]".repeat(200));
+        assert!(t.writes(deep.as_bytes()).is_none(), "too deep to keep");
         let ops = t.writes(&t.patched(object, true)).unwrap();
         let [Op::PutResponse(r)] = &ops[..] else { panic!("{ops:?}") };
         assert_eq!((r.id.as_str(), r.created_at, r.previous.as_deref()), ("resp_2", 7, Some("resp_1")));
