@@ -38,8 +38,12 @@ const ENGINE_ONLY: [&str; 23] = [
 /// JSON object), so the body goes as it came.
 pub fn without_engine_fields(body: &[u8]) -> Option<Vec<u8>> {
     // A cheap look first: most requests name none of them (and spell no key with escapes).
-    let named = |f: &str| memchr::memmem::find(body, f.as_bytes()).is_some();
-    if !named("\\u") && !ENGINE_ONLY.iter().any(|f| named(f)) {
+    // The finders are built once: building one per field per request cost more than the
+    // search (perf, a provider's responses-1k turn: memmem's Searcher::new 2.4% of the shard).
+    static FINDERS: std::sync::LazyLock<Vec<memchr::memmem::Finder<'static>>> = std::sync::LazyLock::new(|| {
+        ENGINE_ONLY.iter().chain(&["\\u"]).map(|f| memchr::memmem::Finder::new(f.as_bytes())).collect()
+    });
+    if !FINDERS.iter().any(|f| f.find(body).is_some()) {
         return None;
     }
     let doc = parse(body).ok()?;

@@ -164,46 +164,73 @@ impl ProviderTurn {
         set(doc, obj, "store", if stored { b"true" } else { b"false" }, edits);
     }
 
-    /// Whether a stream's `event` ends the response.
+    /// Whether a stream's `event` ends the response. Most events (the deltas) name none of
+    /// the ending types anywhere, and are not parsed.
     pub(crate) fn ends(event: &[u8]) -> Option<Ends> {
         let (from, to) = event_data(event)?;
-        match member(&event[from..to], "type")?.as_str() {
+        let data = &event[from..to];
+        let names = |t: &str| memchr::memmem::find(data, t.as_bytes()).is_some();
+        if !["response.completed", "response.incomplete", "response.failed", "error"].iter().any(|t| names(t)) {
+            return None;
+        }
+        match member(data, "type")?.as_str() {
             "response.completed" | "response.incomplete" => Some(Ends::Kept),
             "response.failed" | "error" => Some(Ends::Failed),
             _ => None,
         }
     }
 
-    /// The response object an `event` carries (`response.created`, `.completed`, …).
-    pub(crate) fn event_object(event: &[u8]) -> Option<&[u8]> {
+    /// Where the response object an `event` carries is (`response.created`, `.completed`, …).
+    pub(crate) fn event_object(event: &[u8]) -> Option<std::ops::Range<usize>> {
         let (from, to) = event_data(event)?;
-        let doc = parse(&event[from..to]).ok()?;
+        let data = &event[from..to];
+        // Deltas carry no response object: not parsed.
+        memchr::memmem::find(data, b"\"response\"")?;
+        let doc = parse(data).ok()?;
         let r = doc.get(0, "response").filter(|&r| doc.kind(r) == Kind::Object)?;
         let n = doc.node(r);
-        Some(&event[from + n.start as usize..from + n.end as usize])
+        Some(from + n.start as usize..from + n.end as usize)
     }
 
     /// `event` as the client gets it, into `out`: the response object it carries patched
     /// (`stored`: whether the gateway kept it); any other event as it came.
     pub(crate) fn patch_event(&self, event: &[u8], stored: bool, out: &mut Vec<u8>) {
-        let Some((from, to)) = event_data(event) else { return out.extend_from_slice(event) };
-        let data = &event[from..to];
-        let Ok(doc) = parse(data) else { return out.extend_from_slice(event) };
-        let Some(r) = doc.get(0, "response") else { return out.extend_from_slice(event) };
-        let mut edits = Edits::default();
-        self.patch(&doc, r, stored, &mut edits);
-        out.extend_from_slice(&event[..from]);
-        out.extend_from_slice(&apply(data, &edits.finish()));
-        out.extend_from_slice(&event[to..]);
+        match Self::event_object(event) {
+            Some(r) => {
+                out.extend_from_slice(&event[..r.start]);
+                out.extend_from_slice(&self.patched(&event[r.clone()], stored));
+                out.extend_from_slice(&event[r.end..]);
+            }
+            None => out.extend_from_slice(event),
+        }
     }
 
-    /// The writes that keep the provider's response, `object` as patched: the response
-    /// under its id, and the turn's input and output items appended to its conversation.
-    /// None: the object names no id, or nests deeper than any reader accepts.
-    pub(crate) fn writes(&self, object: &[u8]) -> Option<Vec<Op>> {
+    /// The provider's response `object` read once: patched as it is kept (`store` as
+    /// asked), the writes that keep it, and the usage it reports.
+    pub(crate) fn answer(&self, object: &[u8]) -> Answer {
+        let Ok(doc) = parse(object) else { return Answer { text: object.to_vec(), ops: None, usage: (0, 0) } };
+        let mut edits = Edits::default();
+        self.patch(&doc, 0, self.store, &mut edits);
+        let text = apply(object, &edits.finish());
+        let ops = self.writes(object, &doc, &text);
+        let usage = match doc.get_some(0, "usage") {
+            Some(u) => {
+                let n = |k: &str| {
+                    doc.get_some(u, k).filter(|&v| doc.kind(v) == Kind::Number).map_or(0, |v| doc.number(v) as u64)
+                };
+                (n("input_tokens"), n("output_tokens"))
+            }
+            None => (0, 0),
+        };
+        Answer { text, ops, usage }
+    }
+
+    /// The writes that keep the provider's response (`object`, read as `doc`; `kept` as it is
+    /// stored): the response under its id, and the turn's input and output items appended to
+    /// its conversation. None: the object names no id, or nests deeper than any reader accepts.
+    fn writes(&self, object: &[u8], doc: &Doc<'_>, kept: &[u8]) -> Option<Vec<Op>> {
         // What is stored is read again by recursive parsers (a later turn's history, GET).
         crate::bounded_json::check(object).ok()?;
-        let doc = parse(object).ok()?;
         let id = doc.get_some(0, "id").filter(|&v| doc.kind(v) == Kind::String)?;
         let created_at = doc.get_some(0, "created_at").map_or(0, |v| doc.number(v) as u64);
         let output: Vec<String> = match doc.get_some(0, "output") {
@@ -213,42 +240,37 @@ impl ProviderTurn {
             _ => Vec::new(),
         };
         let mut ops = Vec::with_capacity(2);
-        if let Some(c) = &self.conversation {
-            let item = |json: &String| Item {
-                id: member(json.as_bytes(), "id").unwrap_or_default(),
-                json: json.clone(),
-                created_at,
-            };
-            let items = self.input.iter().chain(&output).map(item).collect();
-            ops.push(Op::AppendItems { conversation: c.clone(), items });
-        }
         if self.store {
-            ops.insert(
-                0,
-                Op::PutResponse(Box::new(StoredResponse {
-                    id: doc.str(id).into_owned(),
-                    tenant: self.tenant.clone(),
-                    previous: self.previous.clone(),
-                    conversation: self.conversation.clone(),
-                    created_at,
-                    input: self.input.clone(),
-                    output,
-                    body: String::from_utf8_lossy(object).into_owned(),
-                    context: self.context.clone(),
-                })),
-            );
+            ops.push(Op::PutResponse(Box::new(StoredResponse {
+                id: doc.str(id).into_owned(),
+                tenant: self.tenant.clone(),
+                previous: self.previous.clone(),
+                conversation: self.conversation.clone(),
+                created_at,
+                input: self.input.clone(),
+                output: output.clone(),
+                body: String::from_utf8_lossy(kept).into_owned(),
+                context: self.context.clone(),
+            })));
+        }
+        if let Some(c) = &self.conversation {
+            let item = |json: String| Item { id: member(json.as_bytes(), "id").unwrap_or_default(), json, created_at };
+            let items = self.input.iter().cloned().chain(output).map(item).collect();
+            ops.push(Op::AppendItems { conversation: c.clone(), items });
         }
         Some(ops)
     }
+}
 
-    /// The usage an object reports: (input, output) tokens.
-    pub(crate) fn usage(object: &[u8]) -> (u64, u64) {
-        let Ok(doc) = parse(object) else { return (0, 0) };
-        let Some(u) = doc.get_some(0, "usage") else { return (0, 0) };
-        let n =
-            |k: &str| doc.get_some(u, k).filter(|&v| doc.kind(v) == Kind::Number).map_or(0, |v| doc.number(v) as u64);
-        (n("input_tokens"), n("output_tokens"))
-    }
+/// The provider's response, read ([`ProviderTurn::answer`]).
+#[derive(Debug)]
+pub(crate) struct Answer {
+    /// The object as kept: the client's answer when it is stored as asked.
+    pub text: Vec<u8>,
+    /// None: not to be kept (see [`ProviderTurn::answer`]).
+    pub ops: Option<Vec<Op>>,
+    /// (input, output) tokens.
+    pub usage: (u64, u64),
 }
 
 #[cfg(test)]
@@ -309,10 +331,12 @@ mod tests {
         assert_eq!(kept["store"].as_bool(), Some(true));
         let unkept: Value = sonic_rs::from_slice(&t.patched(object, false)).unwrap();
         assert_eq!(unkept["store"].as_bool(), Some(false));
-        assert_eq!(ProviderTurn::usage(object), (5, 2));
+        let answer = t.answer(object);
+        assert_eq!(answer.usage, (5, 2));
+        assert_eq!(answer.text, t.patched(object, true));
         let deep = format!(r#"{{"id":"resp_3","output":[{}{}]}}"#, "[".repeat(200), "]".repeat(200));
-        assert!(t.writes(deep.as_bytes()).is_none(), "too deep to keep");
-        let ops = t.writes(&t.patched(object, true)).unwrap();
+        assert!(t.answer(deep.as_bytes()).ops.is_none(), "too deep to keep");
+        let ops = answer.ops.unwrap();
         let [Op::PutResponse(r)] = &ops[..] else { panic!("{ops:?}") };
         assert_eq!((r.id.as_str(), r.created_at, r.previous.as_deref()), ("resp_2", 7, Some("resp_1")));
         assert_eq!(r.output, [r#"{"type":"message","id":"msg_9"}"#]);
@@ -325,7 +349,7 @@ mod tests {
         let object = br#"{"id":"resp_2","created_at":7,"output":[{"type":"message","id":"msg_9"}]}"#;
         let patched: Value = sonic_rs::from_slice(&t.patched(object, false)).unwrap();
         assert_eq!(patched["conversation"]["id"].as_str(), Some("conv_1"));
-        let ops = t.writes(object).unwrap();
+        let ops = t.answer(object).ops.unwrap();
         let [Op::AppendItems { conversation, items }] = &ops[..] else { panic!("{ops:?}") };
         assert_eq!(conversation, "conv_1");
         let ids: Vec<_> = items.iter().map(|i| i.id.as_str()).collect();
@@ -348,7 +372,8 @@ mod tests {
         assert_eq!(out, delta);
         let done = b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_2\",\"output\":[]}}\n\n";
         assert_eq!(ProviderTurn::ends(done), Some(Ends::Kept));
-        assert_eq!(ProviderTurn::event_object(done), Some(&br#"{"id":"resp_2","output":[]}"#[..]));
+        let r = ProviderTurn::event_object(done).unwrap();
+        assert_eq!(&done[r], br#"{"id":"resp_2","output":[]}"#);
         let failed = b"event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{}}\n\n";
         assert_eq!(ProviderTurn::ends(failed), Some(Ends::Failed));
     }

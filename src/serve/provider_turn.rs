@@ -17,7 +17,7 @@ use crate::http::head::RequestHead;
 use crate::http::relay::RelayEnd;
 use crate::http::respond::Stamp;
 use crate::pair::logprobs::Events;
-use crate::responses::provider_turn::{Ends, ProviderTurn};
+use crate::responses::provider_turn::{Answer, Ends, ProviderTurn};
 use crate::shard::Shard;
 use crate::workers::breaker::Verdict;
 
@@ -59,15 +59,16 @@ pub async fn relay(
                 events.push(piece);
                 sent.clear();
                 while let Some(e) = events.next_event() {
-                    match ProviderTurn::ends(e) {
-                        Some(Ends::Kept) => {
-                            let object = ProviderTurn::event_object(e).unwrap_or_default();
-                            usage = ProviderTurn::usage(object);
-                            let stored = keep(shard, ctx, turn, object).await;
-                            turn.patch_event(e, stored, &mut sent);
+                    match (ProviderTurn::ends(e), ProviderTurn::event_object(e)) {
+                        (Some(Ends::Kept), Some(r)) => {
+                            let answer = turn.answer(&e[r.clone()]);
+                            usage = answer.usage;
+                            sent.extend_from_slice(&e[..r.start]);
+                            sent.extend_from_slice(&kept(shard, ctx, turn, &e[r.clone()], answer).await);
+                            sent.extend_from_slice(&e[r.end..]);
                         }
-                        Some(Ends::Failed) => turn.patch_event(e, false, &mut sent),
-                        None => turn.patch_event(e, turn.store, &mut sent),
+                        (Some(_), _) => turn.patch_event(e, false, &mut sent),
+                        (None, _) => turn.patch_event(e, turn.store, &mut sent),
                     }
                 }
                 if !out.send(&mut client.stream, &sent).await {
@@ -86,9 +87,9 @@ pub async fn relay(
         }
     };
     if !streaming {
-        usage = ProviderTurn::usage(&whole);
-        let stored = keep(shard, ctx, turn, &whole).await;
-        out.whole(turn.patched(&whole, stored));
+        let answer = turn.answer(&whole);
+        usage = answer.usage;
+        out.whole(kept(shard, ctx, turn, &whole, answer).await);
     } else if !events.rest().is_empty() {
         let rest = events.rest().to_vec();
         out.send(&mut client.stream, &rest).await;
@@ -106,18 +107,18 @@ pub async fn relay(
     Ok(Outcome::Relayed { end, stats })
 }
 
-/// Keeps the provider's response `object` (and appends the turn to its conversation);
-/// whether the response is stored, so the client is told so only when it is.
-async fn keep(shard: &Shard, ctx: &RequestCtx, turn: &ProviderTurn, object: &[u8]) -> bool {
-    let Some(ops) = turn.writes(&turn.patched(object, turn.store)) else {
-        crate::warn!("request {}: the provider's response names no id; not stored", ctx.id_str());
-        return false;
+/// Keeps the provider's response `object` (read as `answer`; the turn appended to its
+/// conversation): the object as the client gets it, saying it is stored only when it is.
+async fn kept(shard: &Shard, ctx: &RequestCtx, turn: &ProviderTurn, object: &[u8], answer: Answer) -> Vec<u8> {
+    let Some(ops) = answer.ops else {
+        crate::warn!("request {}: the provider's response names no id, or nests too deep; not stored", ctx.id_str());
+        return turn.patched(object, false);
     };
     for op in ops {
         if let Err(e) = shard.history().write(op).await {
             crate::warn!("request {}: the provider's response not stored: {}", ctx.id_str(), e.0);
-            return false;
+            return turn.patched(object, false);
         }
     }
-    turn.store
+    answer.text
 }
