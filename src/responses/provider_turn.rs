@@ -59,6 +59,14 @@ fn set(doc: &Doc<'_>, obj: usize, key: &str, raw: &[u8], edits: &mut Edits) {
     }
 }
 
+/// Bytes of the provider's answer as text (it is UTF-8 unless the provider is broken).
+fn text(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) => s.to_owned(),
+        Err(_) => String::from_utf8_lossy(b).into_owned(),
+    }
+}
+
 fn json_str(s: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len() + 2);
     smg_wire::json::put_str(&mut out, s);
@@ -212,7 +220,7 @@ impl ProviderTurn {
         let mut edits = Edits::default();
         self.patch(&doc, 0, self.store, &mut edits);
         let text = apply(object, &edits.finish());
-        let ops = self.writes(object, &doc, &text);
+        let ops = self.writes(&doc, &text);
         let usage = match doc.get_some(0, "usage") {
             Some(u) => {
                 let n = |k: &str| {
@@ -225,21 +233,20 @@ impl ProviderTurn {
         Answer { text, ops, usage }
     }
 
-    /// The writes that keep the provider's response (`object`, read as `doc`; `kept` as it is
-    /// stored): the response under its id, and the turn's input and output items appended to
-    /// its conversation. None: the object names no id, or nests deeper than any reader accepts.
-    fn writes(&self, object: &[u8], doc: &Doc<'_>, kept: &[u8]) -> Option<Vec<Op>> {
-        // What is stored is read again by recursive parsers (a later turn's history, GET).
-        crate::bounded_json::check(object).ok()?;
+    /// The writes that keep the provider's response (read as `doc`; `kept` as it is stored):
+    /// the response under its id, and the turn's input and output items appended to its
+    /// conversation. None: the object names no id. What is stored is read again by recursive
+    /// parsers (a later turn's history, GET); the contract's scanner that read `doc` refused
+    /// anything nested past `MAX_DEPTH`.
+    fn writes(&self, doc: &Doc<'_>, kept: &[u8]) -> Option<Vec<Op>> {
         let id = doc.get_some(0, "id").filter(|&v| doc.kind(v) == Kind::String)?;
         let created_at = doc.get_some(0, "created_at").map_or(0, |v| doc.number(v) as u64);
         let output: Vec<String> = match doc.get_some(0, "output") {
-            Some(o) if doc.kind(o) == Kind::Array => {
-                doc.elements(o).map(|e| String::from_utf8_lossy(doc.raw(e)).into_owned()).collect()
-            }
+            Some(o) if doc.kind(o) == Kind::Array => doc.elements(o).map(|e| text(doc.raw(e))).collect(),
             _ => Vec::new(),
         };
         let mut ops = Vec::with_capacity(2);
+        let items = self.conversation.as_ref().map(|c| (c, output.clone()));
         if self.store {
             ops.push(Op::PutResponse(Box::new(StoredResponse {
                 id: doc.str(id).into_owned(),
@@ -248,12 +255,12 @@ impl ProviderTurn {
                 conversation: self.conversation.clone(),
                 created_at,
                 input: self.input.clone(),
-                output: output.clone(),
-                body: String::from_utf8_lossy(kept).into_owned(),
+                output,
+                body: text(kept),
                 context: self.context.clone(),
             })));
         }
-        if let Some(c) = &self.conversation {
+        if let Some((c, output)) = items {
             let item = |json: String| Item { id: member(json.as_bytes(), "id").unwrap_or_default(), json, created_at };
             let items = self.input.iter().cloned().chain(output).map(item).collect();
             ops.push(Op::AppendItems { conversation: c.clone(), items });

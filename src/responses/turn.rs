@@ -322,7 +322,13 @@ impl Turn {
                 v.as_u64().filter(|n| *n > 0).ok_or_else(|| bad("'max_output_tokens' must be a positive integer"))?,
             ),
         };
-        let or = |k: &str, default: Value| doc.get(k).filter(|v| !v.is_null()).cloned().unwrap_or(default);
+        // Defaults parsed from text when absent: `json!` builds objects by insert (a hash map each).
+        let or = |k: &str, default: &str| {
+            doc.get(k)
+                .filter(|v| !v.is_null())
+                .cloned()
+                .unwrap_or_else(|| sonic_rs::from_str(default).unwrap_or_default())
+        };
         Ok(Turn {
             model,
             input,
@@ -334,15 +340,15 @@ impl Turn {
             stream: flag("stream", false),
             tools,
             mcp,
-            tool_choice: or("tool_choice", Value::from("auto")),
+            tool_choice: or("tool_choice", r#""auto""#),
             temperature: opt_f64(&doc, "temperature")?,
             top_p: opt_f64(&doc, "top_p")?,
             max_output_tokens,
             parallel_tool_calls: flag("parallel_tool_calls", true),
             max_tool_calls: doc.get("max_tool_calls").and_then(|v| v.as_u64()),
-            metadata: or("metadata", Value::new_object()),
-            text: or("text", json!({"format": {"type": "text"}})),
-            reasoning: or("reasoning", json!({"effort": null, "summary": null})),
+            metadata: or("metadata", "{}"),
+            text: or("text", r#"{"format":{"type":"text"}}"#),
+            reasoning: or("reasoning", r#"{"effort":null,"summary":null}"#),
             user: opt_str(&doc, "user")?,
         })
     }

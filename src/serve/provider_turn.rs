@@ -111,7 +111,7 @@ pub async fn relay(
 /// conversation): the object as the client gets it, saying it is stored only when it is.
 async fn kept(shard: &Shard, ctx: &RequestCtx, turn: &ProviderTurn, object: &[u8], answer: Answer) -> Vec<u8> {
     let Some(ops) = answer.ops else {
-        crate::warn!("request {}: the provider's response names no id, or nests too deep; not stored", ctx.id_str());
+        crate::warn!("request {}: the provider's response is not a JSON object with an id (or nests past 128 levels); not stored", ctx.id_str());
         return turn.patched(object, false);
     };
     for op in ops {
