@@ -146,7 +146,11 @@ impl Gateway {
         let until = Instant::now() + patience(Duration::from_secs(20));
         let want = format!("\"healthy_workers\":{n}");
         while !try_get(self.port, "/readiness").map(|r| r.text().contains(&want)).unwrap_or(false) {
-            assert!(Instant::now() < until, "{n} workers never came up; log:\n{}", self.log_text());
+            if Instant::now() >= until {
+                // What the control thread thinks of each worker, for the failure's reader.
+                let workers = try_get(self.port, "/workers").map(|r| r.text()).unwrap_or_default();
+                panic!("{n} workers never came up; GET /workers: {workers}\nlog:\n{}", self.log_text());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
