@@ -8,10 +8,11 @@
 //! workers behind the targets are load/fleet.rs's: whole-request ones, or prefill/decode pairs
 //! (`--pd`), which only the gateway targets can drive.
 //!
-//! Responses scenarios (`responses-1k`, `responses-chain10`, …) need `--grpc`: the gateway
-//! serves that API itself on gRPC workers, storing each turn and chaining the next off it,
-//! while the simulator's HTTP workers serve no `/v1/responses`; compare refuses them without
-//! it. Of the targets, only the gateways (smg, smg-base, smg-python) can run them: `direct`
+//! Responses scenarios (`responses-1k`, `responses-chain10`, …) need `--grpc` or
+//! `--provider`: the gateway serves that API itself on gRPC workers, and keeps its history for
+//! a cloud provider that keeps none (smg-sim's, with `--provider`), storing each turn and
+//! chaining the next off it, while the simulator's engine workers serve no `/v1/responses`;
+//! compare refuses them without either. Of the targets, only the gateways (smg, smg-base, smg-python) can run them: `direct`
 //! and `nginx` hold no state and are skipped with a note saying so. A chained scenario's rows
 //! also count its chained turns and the conversations cut short.
 
@@ -25,7 +26,7 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::load::entry::{Entry, Page};
-use crate::load::fleet::{Fleet, FleetArgs};
+use crate::load::fleet::{request_headers, Fleet, FleetArgs};
 use crate::load::pd_fleet::{Handoffs, PdRuntime};
 use crate::load::procs::{free_port, on_path, pinned, wait_ready, Proc, TempDir};
 use crate::load::report::Report;
@@ -74,6 +75,11 @@ pub struct CompareArgs {
     /// Scenario file or name; `ws-1k` is the WebSocket relay (see load/ws_compare.rs).
     #[arg(long, default_value = "chat-1k")]
     pub scenario: String,
+    /// Replace the scenario's model name. With --provider, an OpenAI name (`gpt-4o`): SMG
+    /// 1.13 sends its own engine fields (`top_k`) to a provider, which refuses them, unless
+    /// the model is named as OpenAI's are.
+    #[arg(long)]
+    pub model: Option<String>,
     /// Targets: direct, smg, smg-base, nginx, nginx-log (nginx with its own buffered access
     /// log, the match for smg's default configuration), smg-python. Each round runs them all,
     /// starting one further along the list than the round before.
@@ -235,6 +241,9 @@ pub(crate) fn start_target(
             if let Some(tls) = fleet.tls() {
                 cmd.env("SSL_CERT_FILE", &tls.ca);
             }
+            if let Some(key) = fleet.provider_key() {
+                cmd.args(["--backend", "openai"]).env("OPENAI_API_KEY", key);
+            }
             cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin"]);
             if t.kind == Kind::SmgPython {
                 // Its metrics listener defaults to 0.0.0.0:29000, which another gateway on the
@@ -296,10 +305,11 @@ pub(crate) fn gateway_bin(given: Option<&Path>) -> PathBuf {
 /// Why a Responses scenario cannot be run with this fleet (it needs gRPC workers, whose
 /// gateway serves the API itself); None when it can, or is no Responses scenario.
 pub(crate) fn responses_need_grpc(scenario: &Scenario, fleet: &FleetArgs) -> Option<String> {
-    (scenario.api == "responses" && !fleet.grpc).then(|| {
+    (scenario.api == "responses" && !fleet.grpc && !fleet.provider).then(|| {
         format!(
-            "scenario {:?} sends the Responses API, which the gateway serves on gRPC workers (smg-sim's HTTP \
-             workers serve no /v1/responses): add --grpc",
+            "scenario {:?} sends the Responses API, which the gateway serves on gRPC workers, or keeps the \
+             history of for a cloud provider (smg-sim's engine workers serve no /v1/responses): add --grpc or \
+             --provider",
             scenario.name
         )
     })
@@ -370,7 +380,11 @@ pub(crate) fn find_targets(args: &CompareArgs, notes: &mut Vec<String>) -> Resul
 
 /// An HTTP scenario's compare (`ws-1k` is `ws_compare::run`; the CLI picks by scenario).
 pub fn run(args: &CompareArgs) -> Result<(), String> {
-    let scenario = Scenario::load(&args.scenario)?;
+    let mut scenario = Scenario::load(&args.scenario)?;
+    if let Some(m) = &args.model {
+        scenario.model = m.clone();
+        scenario.models.clear();
+    }
     if let Some(e) = responses_need_grpc(&scenario, &args.sut.fleet) {
         return Err(e);
     }
@@ -384,9 +398,10 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     }
     rt::pin_to(args.load_core);
     let fleet = Fleet::start(&args.sut.fleet, args.load_core, &scenario.model_names(), REQUEST_TIMEOUT)?;
+    let headers = request_headers(&args.sut.fleet, &args.sut.headers);
     let req_for = |port: u16| -> Vec<u8> {
         let host = format!("127.0.0.1:{port}");
-        scenario.requests(&host, None, &args.sut.headers).swap_remove(0).to_vec()
+        scenario.requests(&host, None, &headers).swap_remove(0).to_vec()
     };
     let mut results: Vec<Vec<Report>> = targets.iter().map(|_| Vec::new()).collect();
     // Per target, the decode workers' handoffs during its runs (PD fleets only).
@@ -412,7 +427,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 addr: ([127, 0, 0, 1], port).into(),
                 url: format!("http://{host}"),
                 scenario_name: scenario.name.clone(),
-                requests: Arc::new(scenario.requests(&host, None, &args.sut.headers)),
+                requests: Arc::new(scenario.requests(&host, None, &headers)),
                 mode: Mode::Closed { concurrency: args.concurrency },
                 duration: Some(args.duration),
                 count: None,
@@ -424,7 +439,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 progress: false,
                 target_pids: proc_.as_ref().map(|p| vec![p.child.id()]).unwrap_or_default(),
                 stop: None,
-                chain: scenario.chain(&host, None, &args.sut.headers),
+                chain: scenario.chain(&host, None, &headers),
             };
             let t0_s = session.elapsed().as_secs_f64() + args.warmup.as_secs_f64();
             let pd_before = fleet.pd().and_then(|pd| pd.handoffs());
@@ -565,6 +580,27 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_provider_fleet_runs_responses_and_every_request_carries_its_key() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            fleet: FleetArgs,
+        }
+        let fleet = |argv: &[&str]| <Flags as clap::Parser>::parse_from([&["x"], argv].concat()).fleet;
+        let responses = Scenario::load("responses-1k").unwrap();
+        assert!(responses_need_grpc(&responses, &fleet(&[])).is_some());
+        assert!(responses_need_grpc(&responses, &fleet(&["--grpc"])).is_none());
+        let provider = fleet(&["--provider"]);
+        assert!(responses_need_grpc(&responses, &provider).is_none());
+        let headers = request_headers(&provider, &["x-a: 1".to_string()]);
+        assert_eq!(
+            headers,
+            ["x-a: 1".to_string(), format!("authorization: Bearer {}", crate::load::fleet::PROVIDER_KEY)]
+        );
+        assert_eq!(request_headers(&fleet(&[]), &[]), Vec::<String>::new());
+    }
 
     #[test]
     fn nginx_conf_has_the_essentials() {

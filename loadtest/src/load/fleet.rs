@@ -52,6 +52,25 @@ pub struct FleetArgs {
     /// `https://` worker URLs with SSL_CERT_FILE). `direct` stays plain.
     #[arg(long, conflicts_with_all = ["grpc", "pd"])]
     pub tls: bool,
+    /// The workers are a cloud provider: every simulator answers as OpenAI does
+    /// (`smg-sim --provider-keys`, one key for the fleet's models, its Responses API keeping
+    /// no state), every gateway target is launched with `--backend openai` and the key in
+    /// `OPENAI_API_KEY`, and every request carries the key (`direct` and nginx pass it on).
+    /// With it the Responses scenarios run without --grpc: the gateway keeps their history.
+    #[arg(long, conflicts_with_all = ["grpc", "pd", "tls"])]
+    pub provider: bool,
+}
+
+/// The one key of a --provider fleet.
+pub(crate) const PROVIDER_KEY: &str = "sk-smg-load";
+
+/// The header lines every request carries: `extra`, and with --provider the fleet's key.
+pub(crate) fn request_headers(args: &FleetArgs, extra: &[String]) -> Vec<String> {
+    let mut h = extra.to_vec();
+    if args.provider {
+        h.push(format!("authorization: Bearer {PROVIDER_KEY}"));
+    }
+    h
 }
 
 /// Started simulators (stopped when this drops) and the workers they serve.
@@ -62,6 +81,8 @@ pub(crate) struct Fleet {
     label: String,
     /// With --tls: each worker's HTTPS port, in `workers`' order, and the CA that signed them.
     tls: Option<Tls>,
+    /// With --provider: the directory of the simulators' keys file.
+    provider: Option<TempDir>,
 }
 
 pub(crate) struct Tls {
@@ -88,6 +109,15 @@ impl Fleet {
     ) -> Result<Fleet, String> {
         let bin = sim_bin(args.sim_bin.as_deref())?;
         let tls_dir = if args.tls { Some(TempDir::new("tls").map_err(|e| format!("--tls: {e}"))?) } else { None };
+        let provider = if args.provider {
+            let dir = TempDir::new("provider").map_err(|e| format!("--provider: {e}"))?;
+            let models: Vec<String> = models.iter().map(|m| format!("{m:?}")).collect();
+            let keys = format!(r#"{{"{PROVIDER_KEY}": {{"provider": "openai", "models": [{}]}}}}"#, models.join(","));
+            std::fs::write(dir.0.join("keys.json"), keys).map_err(|e| format!("--provider: {e}"))?;
+            Some(dir)
+        } else {
+            None
+        };
         // One smg-sim per role (a process's workers share --pd-role), each with the same
         // workers: `--worker 0:MODEL[:RUNTIME]` per worker, on free ports.
         let sim = |role_flags: &[String]| -> Result<(Proc, Vec<String>), String> {
@@ -109,6 +139,9 @@ impl Fleet {
             if let Some(d) = &tls_dir {
                 cmd.arg("--tls-dir").arg(&d.0);
             }
+            if let Some(d) = &provider {
+                cmd.arg("--provider-keys").arg(d.0.join("keys.json"));
+            }
             cmd.args(args.sim_args.split_whitespace());
             spawn_sim_lines(cmd, &bin)
         };
@@ -118,6 +151,9 @@ impl Fleet {
         if !args.pd {
             let (p, lines) = sim(&[])?;
             let mut label = format!("{} per model", args.sim_workers.max(1));
+            if provider.is_some() {
+                label.push_str(", a cloud provider (OpenAI)");
+            }
             let tls = match tls_dir {
                 Some(dir) => {
                     label.push_str(", over TLS");
@@ -129,7 +165,7 @@ impl Fleet {
                 }
                 None => None,
             };
-            return Ok(Fleet { _sims: vec![p], workers: Workers::Whole(ports(&lines)?), label, tls });
+            return Ok(Fleet { _sims: vec![p], workers: Workers::Whole(ports(&lines)?), label, tls, provider });
         }
         let (prefill_sim, lines) = sim(&pd_fleet::prefill_flags().map(String::from))?;
         let bootstraps = lines
@@ -151,6 +187,7 @@ impl Fleet {
             workers: Workers::Pd(PdWorkers { prefill, decode }),
             label,
             tls: None,
+            provider: None,
         })
     }
 
@@ -195,6 +232,12 @@ impl Fleet {
     /// With --tls: the workers' HTTPS ports and the CA.
     pub(crate) fn tls(&self) -> Option<&Tls> {
         self.tls.as_ref()
+    }
+
+    /// With --provider: the workers are OpenAI (a gateway takes `--backend openai` and
+    /// this key in `OPENAI_API_KEY`).
+    pub(crate) fn provider_key(&self) -> Option<&'static str> {
+        self.provider.as_ref().map(|_| PROVIDER_KEY)
     }
 
     /// The gateway flags that register every worker (`scheme`: http or grpc; with --tls,

@@ -204,6 +204,7 @@ fn wait_sim_idle(ports: &[u16], within: Duration) -> bool {
 fn compare_args(a: &SweepArgs) -> CompareArgs {
     CompareArgs {
         scenario: a.scenario.clone(),
+        model: None,
         targets: String::new(),
         rounds: 1,
         duration: a.duration,
@@ -252,9 +253,10 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
         None
     };
     let sim_ports = fleet.as_ref().map(Fleet::ports).unwrap_or_default();
+    let headers = crate::load::fleet::request_headers(&args.sut.fleet, &args.sut.headers);
     let req_for = |port: u16| -> Vec<u8> {
         let host = format!("127.0.0.1:{port}");
-        scenario.requests(&host, None, &args.sut.headers).swap_remove(0).to_vec()
+        scenario.requests(&host, None, &headers).swap_remove(0).to_vec()
     };
     let session = Instant::now();
     let mut entries: Vec<Entry> = Vec::new();
@@ -286,7 +288,7 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
                 addr,
                 url: format!("http://{host}{}", path.as_deref().unwrap_or("")),
                 scenario_name: scenario.name.clone(),
-                requests: Arc::new(scenario.requests(&host, path.as_deref(), &args.sut.headers)),
+                requests: Arc::new(scenario.requests(&host, path.as_deref(), &headers)),
                 mode: Mode::Open {
                     rate,
                     arrivals: match args.arrival {
@@ -305,7 +307,7 @@ pub fn run(args: &SweepArgs) -> Result<(), String> {
                 progress: false,
                 target_pids: proc_.as_ref().map(|p| vec![p.pid()]).unwrap_or_default(),
                 stop: None,
-                chain: scenario.chain(&host, path.as_deref(), &args.sut.headers),
+                chain: scenario.chain(&host, path.as_deref(), &headers),
             };
             let t0_s = session.elapsed().as_secs_f64() + args.warmup.as_secs_f64();
             let measured = execute_recorded(&plan, true)?;
