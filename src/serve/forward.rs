@@ -21,7 +21,7 @@ use super::ctx::RequestCtx;
 use super::error::{Failure, WorkerError};
 use super::finish::Outcome;
 use super::upstream::{relay_response, Answered, AttemptError, HttpRequest};
-use super::{decisions, grpc, merged, pair, pair_admit, pick, provider_turn};
+use super::{decisions, grpc, merged, pair, pair_admit, pick, provider_turn, reshaped};
 use crate::api::{ApiError, EndpointSpec};
 use crate::http::body::Body;
 use crate::http::head::RequestHead;
@@ -165,7 +165,10 @@ pub(super) async fn forward(
             }
             Ok(Answer::Http(answered)) if kept.is_some() && (200..300).contains(&answered.head.status) => {
                 let Some(turn) = kept else { unreachable!("a kept turn") };
-                match provider_turn::relay(shard, client, head, ctx, &picked, answered, turn).await {
+                let (shape, mut keeping) = provider_turn::reshape(turn);
+                // Boxed, as a pair's merge: the relay's future would otherwise enlarge every request's.
+                match Box::pin(reshaped::relay(shard, client, head, ctx, &picked, answered, shape, &mut keeping)).await
+                {
                     Ok(o) => return o,
                     Err(e) => Some(e),
                 }
@@ -186,7 +189,9 @@ pub(super) async fn forward(
                 }
             }
             Ok(Answer::Merged(answered, merge)) => {
-                match Box::pin(merged::relay(shard, client, head, ctx, &picked, answered, &merge)).await {
+                let (shape, mut merging) = merged::reshape(&picked, &merge);
+                match Box::pin(reshaped::relay(shard, client, head, ctx, &picked, answered, shape, &mut merging)).await
+                {
                     Ok(o) => return o,
                     Err(e) => Some(e),
                 }

@@ -47,6 +47,7 @@ mod provider_turn;
 mod queue_wait;
 mod realtime;
 mod reserve;
+mod reshaped;
 mod responses;
 mod stream_body;
 mod stream_form;

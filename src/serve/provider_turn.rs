@@ -1,110 +1,54 @@
 //! Phase: relay, for a Responses turn on a cloud provider that keeps no state for the
-//! gateway (src/responses/provider_turn.rs): the provider's 2xx answer read as it comes,
-//! its response object patched to say what the client asked and what was kept, and kept in
-//! the history store before the client is told it is. A non-streamed answer is read whole
-//! (up to `--max-payload-size`); a streamed one is written event by event, the store written
-//! before the event that ends it (`response.completed` / `.incomplete`) goes out. Any other
-//! answer of the provider's is relayed as it came (upstream.rs).
+//! gateway (src/responses/provider_turn.rs): the provider's 2xx answer read as it comes
+//! (reshaped.rs), its response object patched to say what the client asked and what was
+//! kept, and kept in the history store before the client is told it is. A non-streamed
+//! answer is read whole (up to `--max-payload-size`); a streamed one is written event by
+//! event, the store written before the event that ends it (`response.completed` /
+//! `.incomplete`) goes out. Any other answer of the provider's is relayed as it came
+//! (upstream.rs).
 
-use super::client::Client;
-use super::ctx::{Picked, RequestCtx};
-use super::error::{WorkerCause, WorkerError};
-use super::finish::{announce_close, Outcome};
-use super::upstream::Answered;
-use super::whole::BodyReader;
-use crate::http::assembled::Assembled;
-use crate::http::head::RequestHead;
-use crate::http::relay::RelayEnd;
-use crate::http::respond::Stamp;
-use crate::pair::logprobs::Events;
+use super::ctx::RequestCtx;
+use super::reshaped::{Reshape, Shape};
 use crate::responses::provider_turn::{Answer, Ends, ProviderTurn};
 use crate::shard::Shard;
-use crate::workers::breaker::Verdict;
 
-/// See the module doc. Err: the provider failed before a byte reached the client (the retry
-/// edge may take it elsewhere).
-pub async fn relay(
-    shard: &Shard,
-    client: &mut Client,
-    head: &RequestHead,
-    ctx: &mut RequestCtx,
-    picked: &Picked,
-    answered: Answered,
-    turn: &ProviderTurn,
-) -> Result<Outcome, WorkerError> {
-    let Answered { mut conn, head: rhead } = answered;
-    let worker = picked.worker();
-    let date = shard.date();
-    let stamp =
-        Stamp { request_id: &ctx.request_id, date: &date, close: announce_close(ctx, Some(head)), http10: ctx.http10 };
-    let streaming = turn.stream;
+/// How the relay (reshaped.rs) writes the provider's answer to `turn`, and what keeps it.
+pub(super) fn reshape(turn: &ProviderTurn) -> (Shape<'static>, Keeping<'_>) {
     // A Responses answer does not name its worker (SMG's rule).
-    let mut out = Assembled::new(streaming, stamp.close, "", stamp);
-    let idle = shard.cfg().upstream_read_timeout;
-    let max = shard.cfg().max_payload_size;
-    let mut reader = BodyReader::new(&rhead);
-    let mut events = Events::default();
-    let (mut whole, mut sent) = (Vec::new(), Vec::new());
-    let mut usage = (0, 0);
-    let end = loop {
-        match reader.next(&mut conn, &rhead, idle).await {
-            Ok(Some(piece)) if !streaming => {
-                whole.extend_from_slice(piece);
-                if whole.len() > max {
-                    let cause = WorkerCause::TooLarge { len: whole.len() as u64, max };
-                    return Err(WorkerError::new(cause, conn.reused));
-                }
+    (Shape { streaming: turn.stream, named: "" }, Keeping { turn, usage: (0, 0) })
+}
+
+/// The provider's answer patched, and kept before the client hears it is.
+pub(super) struct Keeping<'a> {
+    turn: &'a ProviderTurn,
+    usage: (u64, u64),
+}
+
+impl Reshape for Keeping<'_> {
+    async fn event(&mut self, shard: &Shard, ctx: &RequestCtx, e: &[u8], out: &mut Vec<u8>) {
+        let turn = self.turn;
+        match (ProviderTurn::ends(e), ProviderTurn::event_object(e)) {
+            (Some(Ends::Kept), Some(r)) => {
+                let answer = turn.answer(&e[r.clone()]);
+                self.usage = answer.usage;
+                out.extend_from_slice(&e[..r.start]);
+                out.extend_from_slice(&kept(shard, ctx, turn, &e[r.clone()], answer).await);
+                out.extend_from_slice(&e[r.end..]);
             }
-            Ok(Some(piece)) => {
-                events.push(piece);
-                sent.clear();
-                while let Some(e) = events.next_event() {
-                    match (ProviderTurn::ends(e), ProviderTurn::event_object(e)) {
-                        (Some(Ends::Kept), Some(r)) => {
-                            let answer = turn.answer(&e[r.clone()]);
-                            usage = answer.usage;
-                            sent.extend_from_slice(&e[..r.start]);
-                            sent.extend_from_slice(&kept(shard, ctx, turn, &e[r.clone()], answer).await);
-                            sent.extend_from_slice(&e[r.end..]);
-                        }
-                        (Some(_), _) => turn.patch_event(e, false, &mut sent),
-                        (None, _) => turn.patch_event(e, turn.store, &mut sent),
-                    }
-                }
-                if !out.send(&mut client.stream, &sent).await {
-                    return Ok(Outcome::ClientGone);
-                }
-            }
-            Ok(None) => break RelayEnd::Done { reusable: reader.reusable() },
-            Err(cause) if out.head_sent() => {
-                let why = match cause {
-                    WorkerCause::BadBody(why) => why,
-                    _ => "the worker's answer ended early",
-                };
-                break RelayEnd::Worker { why, sent: true };
-            }
-            Err(cause) => return Err(WorkerError::new(cause, conn.reused)),
+            (Some(_), _) => turn.patch_event(e, false, out),
+            (None, _) => turn.patch_event(e, turn.store, out),
         }
-    };
-    if !streaming {
-        let answer = turn.answer(&whole);
-        usage = answer.usage;
-        out.whole(kept(shard, ctx, turn, &whole, answer).await);
-    } else if !events.rest().is_empty() {
-        let rest = events.rest().to_vec();
-        out.send(&mut client.stream, &rest).await;
     }
-    let verdict = match end {
-        RelayEnd::Worker { .. } => Verdict::Failure,
-        _ => Verdict::Success,
-    };
-    ctx.judge(worker.id, verdict);
-    if let RelayEnd::Done { reusable: true } = end {
-        conn.buf.clear();
-        shard.put_conn(worker.id, conn);
+
+    async fn whole(&mut self, shard: &Shard, ctx: &RequestCtx, body: Vec<u8>) -> Vec<u8> {
+        let answer = self.turn.answer(&body);
+        self.usage = answer.usage;
+        kept(shard, ctx, self.turn, &body, answer).await
     }
-    let (end, stats) = out.finish(&mut client.stream, end, usage.0, usage.1, None).await;
-    Ok(Outcome::Relayed { end, stats })
+
+    fn usage(&self) -> (u64, u64) {
+        self.usage
+    }
 }
 
 /// Keeps the provider's response `object` (read as `answer`; the turn appended to its
