@@ -81,6 +81,13 @@ fn a_chain_is_kept_by_the_gateway_and_sent_whole() {
         );
         assert_eq!(error_code(&r, 400), "previous_response_not_found");
         assert_eq!(sim.served(), asked, "nothing sent for an unknown previous response");
+        // The provider's own tools and items pass through (the gateway runs none of them).
+        let own = turn(
+            gw.port,
+            r#""tools":[{"type":"web_search"}],"input":[{"type":"web_search_call","id":"ws_1","status":"completed"},
+                {"role":"user","content":"x"}]"#,
+        );
+        assert_eq!(text(&own), "heard item:web_search_call | user:x");
         // Not stored when the client says so, and says so.
         let unkept = turn(gw.port, r#""input":"quiet","store":false"#);
         assert_eq!(unkept["store"].as_bool(), Some(false));

@@ -154,8 +154,9 @@ fn user_message(text: &str) -> String {
 
 /// One input item in its stored shape, as JSON text: a message gets `type`, `id`, `status`
 /// and its content as parts; a call and a call's output get an id. None: the item is already
-/// in that shape (its own text is stored).
-fn input_item(item: &Value) -> Result<Option<String>, ApiError> {
+/// in that shape (its own text is stored). `strict`: the gateway runs the turn, so an item
+/// it does not know is refused; else (a provider runs it) it is kept as sent.
+fn input_item(item: &Value, strict: bool) -> Result<Option<String>, ApiError> {
     if !item.is_object() {
         return Err(bad("input items must be objects"));
     }
@@ -234,13 +235,14 @@ fn input_item(item: &Value) -> Result<Option<String>, ApiError> {
             }
             complete("mcpa")
         }
+        _ if !strict => None,
         other => return Err(bad(format!("Unsupported input item type '{other}'"))),
     })
 }
 
 /// An input item, parsed and as its stored text.
-fn stored(item: &Value) -> Result<(Value, String), ApiError> {
-    match input_item(item)? {
+fn stored(item: &Value, strict: bool) -> Result<(Value, String), ApiError> {
+    match input_item(item, strict)? {
         None => Ok((item.clone(), text_of(item))),
         Some(text) => Ok((sonic_rs::from_str(&text).map_err(|e| bad(format!("input item: {e}")))?, text)),
     }
@@ -249,8 +251,19 @@ fn stored(item: &Value) -> Result<(Value, String), ApiError> {
 // === impl Turn ===
 
 impl Turn {
-    /// Reads a Responses body (bounded already by the inspect phase).
+    /// Reads a Responses body (bounded already by the inspect phase) the gateway runs itself.
     pub fn read(body: &[u8]) -> Result<Turn, ApiError> {
+        Turn::read_as(body, true)
+    }
+
+    /// Reads a Responses body a provider runs (src/responses/provider_turn.rs): its built-in
+    /// tools and the items they make (`web_search`, `file_search_call`, …) are the provider's
+    /// to judge, so they are passed on and kept as sent rather than refused.
+    pub(crate) fn read_for_provider(body: &[u8]) -> Result<Turn, ApiError> {
+        Turn::read_as(body, false)
+    }
+
+    fn read_as(body: &[u8], strict: bool) -> Result<Turn, ApiError> {
         let doc: Value = sonic_rs::from_slice(body).map_err(|e| bad(format!("request body: {e}")))?;
         if !doc.is_object() {
             return Err(bad("the request body must be a JSON object"));
@@ -265,7 +278,7 @@ impl Turn {
             }
             Some(v) if v.is_array() => {
                 let items = v.as_array().expect("an array");
-                items.iter().map(stored).collect::<Result<Vec<_>, _>>()?.into_iter().unzip()
+                items.iter().map(|i| stored(i, strict)).collect::<Result<Vec<_>, _>>()?.into_iter().unzip()
             }
             None => return Err(bad("'input' is required")),
             Some(_) => return Err(bad("'input' must be a string or an array of items")),
@@ -309,6 +322,7 @@ impl Turn {
                         tools.push(t.clone());
                     }
                     Some("mcp") => mcp.push(t.clone()),
+                    _ if !strict => {}
                     Some(other) => return Err(bad(format!("Unsupported tool type '{other}'"))),
                     None => return Err(bad("a tool needs a 'type'")),
                 }
@@ -645,6 +659,16 @@ mod tests {
         for (v, text) in t.input.iter().zip(&t.input_text) {
             assert_eq!(&sonic_rs::from_str::<Value>(text).unwrap(), v);
         }
+    }
+
+    #[test]
+    fn a_provider_turn_keeps_the_tools_and_items_only_the_provider_knows() {
+        let body = r#"{"model":"m","tools":[{"type":"web_search"}],
+            "input":[{"type":"web_search_call","id":"ws_1","status":"completed"},{"role":"user","content":"x"}]}"#;
+        assert_eq!(turn(body).unwrap_err().code, "invalid_request_error", "the gateway runs only what it knows");
+        let t = Turn::read_for_provider(body.as_bytes()).unwrap();
+        assert_eq!(t.input_text[0], r#"{"type":"web_search_call","id":"ws_1","status":"completed"}"#);
+        assert_eq!(t.input[1]["content"][0]["text"].as_str(), Some("x"));
     }
 
     #[test]

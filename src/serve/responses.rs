@@ -165,7 +165,7 @@ pub(super) async fn for_provider(
     spec: &EndpointSpec,
     body: &Body,
 ) -> Outcome {
-    let mut turn = match Turn::read(body.bytes(&client.buf)) {
+    let mut turn = match Turn::read_for_provider(body.bytes(&client.buf)) {
         Ok(t) => t,
         Err(e) => return reject(e),
     };
