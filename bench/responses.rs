@@ -23,7 +23,7 @@ mod shared;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use smg::responses::store::{Memory, MemoryLimits, Op, Reply, StoredResponse};
-use smg::responses::turn::{chain_items, Turn};
+use smg::responses::turn::{chain_items, parsed, Turn};
 
 const TURNS: usize = 10;
 
@@ -83,7 +83,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let turn = Turn::read(black_box(chained.as_bytes())).unwrap();
             let Reply::Chain(Some(chain)) = m.apply(Op::Chain(format!("resp_{}", TURNS - 1)), 0) else { panic!() };
-            let prior = chain_items(&chain);
+            let prior = parsed(&chain_items(chain));
             black_box(turn.chat(&prior, &[], false))
         })
     });

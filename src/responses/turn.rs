@@ -578,13 +578,15 @@ impl Messages {
     }
 }
 
-/// A stored chain's items as the next turn's history: each turn's input, then its output.
-pub fn chain_items(chain: &[crate::responses::store::StoredResponse]) -> Vec<Value> {
-    chain
-        .iter()
-        .flat_map(|r| r.input.iter().chain(r.output.iter()))
-        .map(|s| sonic_rs::from_str(s).unwrap_or_default())
-        .collect()
+/// A stored chain's items as the next turn's history, as JSON text: each turn's input, then
+/// its output.
+pub fn chain_items(chain: Vec<crate::responses::store::StoredResponse>) -> Vec<String> {
+    chain.into_iter().flat_map(|r| r.input.into_iter().chain(r.output)).collect()
+}
+
+/// History items parsed, for the chat a turn the gateway runs is built from.
+pub fn parsed(items: &[String]) -> Vec<Value> {
+    items.iter().map(|s| sonic_rs::from_str(s).unwrap_or_default()).collect()
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::responses::ordered;
 use crate::responses::plan::{McpPlan, TurnPlan};
 use crate::responses::provider_turn::ProviderTurn;
 use crate::responses::store::{unix_now, Op, Reply};
-use crate::responses::turn::{new_id, Turn};
+use crate::responses::turn::{chain_items, new_id, parsed, Turn};
 use crate::shard::Shard;
 use crate::workers::provider::Provider;
 
@@ -58,7 +58,7 @@ pub(super) async fn turn(
     turn.store &= history.stores;
     let tenant = tenant_of(ctx);
     let prior: Vec<Value> = match history_of(shard, &turn, &tenant).await {
-        Ok(items) => items.iter().map(|i| sonic_rs::from_str(i).unwrap_or_default()).collect(),
+        Ok(items) => parsed(&items),
         Err(e) => return reject(e),
     };
     let context = context_of(shard, client, head);
@@ -105,7 +105,7 @@ async fn history_of(shard: &Shard, turn: &Turn, tenant: &Option<String>) -> Resu
     if let Some(prev) = &turn.previous {
         return match history.ask(Op::Chain(prev.clone())).await {
             Ok(Reply::Chain(Some(chain))) if chain.last().is_some_and(|r| visible(&r.tenant, tenant)) => {
-                Ok(chain.into_iter().flat_map(|r| r.input.into_iter().chain(r.output)).collect())
+                Ok(chain_items(chain))
             }
             Ok(_) => {
                 let msg = format!("Previous response with id '{prev}' not found.");
