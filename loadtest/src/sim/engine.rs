@@ -12,6 +12,7 @@ use monoio::time::Instant;
 
 use crate::rt::write_out;
 use crate::sim::handoff;
+use crate::sim::pace::stream_tokens;
 use crate::sim::pd::Handoff;
 use crate::sim::render::Scratch;
 use crate::sim::render::{
@@ -178,32 +179,12 @@ async fn stream_response(
         flush_events(&mut s.out, &mut s.events);
         write_out(stream, &mut s.out).await?;
     }
-    // Token k is due one ITL after token k-1, at the ITL of the batch as it is then: a stream
-    // slows down when others join and speeds up when they leave. Deadlines chain from admission
-    // (not from when the task woke), so sleeps do not drift.
-    let (t, dynamic) = (w.timing.get(), w.timing.get().itl_batch_factor > 0.0);
-    let mut due = admitted + sched.first_token;
-    for k in 0..n {
-        if k > 0 {
-            due += if dynamic { timing::itl(&t, w.running(), w.max_running) } else { sched.itl };
-        }
-        if cut_after == Some(k) {
-            bump(&w.stats.truncated, 1);
-            bump(&w.stats.output_tokens, k as u64);
-            flush_events(&mut s.out, &mut s.events);
-            write_out(stream, &mut s.out).await?;
-            return Ok(false);
-        }
-        if due > Instant::now() {
-            flush_events(&mut s.out, &mut s.events);
-            write_out(stream, &mut s.out).await?;
-            monoio::time::sleep_until(due).await;
-        }
-        gen.put_token_event(&mut s.events, &s.prefix, k + 1);
-        if each {
-            flush_events(&mut s.out, &mut s.events);
-            write_out(stream, &mut s.out).await?;
-        }
+    if !stream_tokens(w, sched, admitted, stream, s, n, cut_after, |events, prefix, k| {
+        gen.put_token_event(events, prefix, k + 1)
+    })
+    .await?
+    {
+        return Ok(false);
     }
     bump(&w.stats.output_tokens, n as u64);
     if cut_after == Some(n) {

@@ -22,6 +22,7 @@ pub mod grpc;
 pub mod handoff;
 pub mod http;
 pub mod kv_events;
+pub mod pace;
 pub mod pd;
 pub mod prefix_cache;
 pub mod profile;

@@ -39,6 +39,7 @@ use sonic_rs::{JsonValueTrait, LazyValue};
 
 use crate::rt::write_out;
 use crate::sim::faults::{self, Fault};
+use crate::sim::pace::stream_tokens;
 use crate::sim::render::{flush_events, put_head, put_json_str, put_response, Framing, Scratch};
 use crate::sim::timing;
 use crate::sim::worker::{bump, Worker};
@@ -700,8 +701,7 @@ async fn stream_turn(
     keep_alive: bool,
 ) -> io::Result<bool> {
     let n = turn.output_tokens;
-    let t = w.timing.get();
-    let (each, dynamic) = (t.write_each_event, t.itl_batch_factor > 0.0);
+    let each = w.timing.get().write_each_event;
     let cut_after = turn.truncate.map(|after| after.unwrap_or(n / 2).min(n));
     put_head(
         &mut s.out,
@@ -719,28 +719,10 @@ async fn stream_turn(
         flush_events(&mut s.out, &mut s.events);
         write_out(stream, &mut s.out).await?;
     }
-    let mut due = admitted + sched.first_token;
-    for k in 0..n {
-        if k > 0 {
-            due += if dynamic { timing::itl(&t, w.running(), w.max_running) } else { sched.itl };
-        }
-        if cut_after == Some(k) {
-            bump(&w.stats.truncated, 1);
-            bump(&w.stats.output_tokens, k as u64);
-            flush_events(&mut s.out, &mut s.events);
-            write_out(stream, &mut s.out).await?;
-            return Ok(false);
-        }
-        if due > Instant::now() {
-            flush_events(&mut s.out, &mut s.events);
-            write_out(stream, &mut s.out).await?;
-            monoio::time::sleep_until(due).await;
-        }
-        turn.put_delta(&mut s.events, &mut seq, k);
-        if each {
-            flush_events(&mut s.out, &mut s.events);
-            write_out(stream, &mut s.out).await?;
-        }
+    if !stream_tokens(w, sched, admitted, stream, s, n, cut_after, |events, _, k| turn.put_delta(events, &mut seq, k))
+        .await?
+    {
+        return Ok(false);
     }
     bump(&w.stats.output_tokens, n as u64);
     if cut_after == Some(n) {
