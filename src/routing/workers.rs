@@ -5,7 +5,10 @@
 //! (`ShardRouter::pick_versioned`) checking that is O(1), otherwise it costs one hash of the
 //! URLs per request.
 
-use std::collections::HashMap;
+// aHash, not SipHash: these maps are looked up by the request's model on every request (SipHash
+// was 1.4% of a chat-1k request's instructions, `bench/callgrind-per-request`); its keys are
+// still randomized per process.
+use ahash::AHashMap as HashMap;
 use std::sync::Arc;
 
 use super::hashing::{hash_str, mix, HashRing};

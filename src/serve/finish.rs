@@ -214,8 +214,9 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
     }
     let now = crate::clock::now();
     let started = ctx.timings.started;
-    let to_head = ctx.timings.first_byte.unwrap_or(now).saturating_duration_since(started);
+    let took = now.saturating_duration_since(started);
     let first_byte = ctx.timings.first_byte.map(|t| t.saturating_duration_since(started));
+    let to_head = first_byte.unwrap_or(took);
     let model = ctx.chosen.as_ref().and_then(|c| c.worker().model.as_deref());
     let endpoint = match ctx.route.map(|r| r.action) {
         Some(Action::Proxy(spec) | Action::Realtime(spec)) => Some(spec.metric),
@@ -259,7 +260,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
             ids,
             name: format!("{method} {path}"),
             start,
-            duration: now.saturating_duration_since(started),
+            duration: took,
             status: ctx.status,
             request_id: String::from_utf8_lossy(&ctx.request_id).into_owned(),
             worker: ctx.chosen.as_ref().map(|c| c.worker().url.url.clone()).unwrap_or_default(),
@@ -280,7 +281,7 @@ fn account(shard: &Shard, client: &Client, head: Option<&RequestHead>, ctx: &Req
             error_code: ctx.error_code,
             bytes_in: ctx.bytes_in,
             bytes_out: ctx.bytes_out,
-            duration_us: now.saturating_duration_since(started).as_micros() as u64,
+            duration_us: took.as_micros() as u64,
             upstream_us: ctx.timings.upstream_head.map(|t| t.saturating_duration_since(started).as_micros() as u64),
             ttfb_us: first_byte.map(|d| d.as_micros() as u64),
             retries,

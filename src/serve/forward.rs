@@ -62,9 +62,11 @@ pub(super) async fn forward(
     body: &mut Body,
     made: Made<'_>,
 ) -> Outcome {
+    // The gRPC request stays boxed: inline, its size was copied into this future (and on
+    // every move of it) on every request, gRPC or not.
     let (made, kept) = match made {
         Made::Nothing => (None, None),
-        Made::Grpc(g) => (Some(*g), None),
+        Made::Grpc(g) => (Some(g), None),
         Made::Kept(k) => (None, Some(k)),
     };
     let mut http = HttpRequest::new(spec, head, &client.buf);
@@ -72,7 +74,7 @@ pub(super) async fn forward(
     // A Responses turn comes with its chat request made.
     let mut on_grpc = match made {
         Some(g) => Some(g),
-        None if shard.snapshot().any_grpc => grpc::early(shard, spec, ctx, body.bytes(&client.buf)),
+        None if shard.snapshot().any_grpc => grpc::early(shard, spec, ctx, body.bytes(&client.buf)).map(Box::new),
         None => None,
     };
     let mut watch = true;
@@ -90,7 +92,7 @@ pub(super) async fn forward(
         let (id, is_grpc, pair) = (worker.id, worker.url.grpc, picked.prefill().is_some());
         if is_grpc && on_grpc.is_none() {
             match grpc::GrpcRequest::new(spec, body.bytes(&client.buf), ctx.model.as_deref()) {
-                Ok(g) => on_grpc = Some(g),
+                Ok(g) => on_grpc = Some(Box::new(g)),
                 Err(f) => return Outcome::Failed(f),
             }
         }
@@ -103,7 +105,10 @@ pub(super) async fn forward(
         // Until its response reaches the client, a request holding a scheduler slot may be
         // preempted: the attempt (and with it the worker connection) is dropped at once.
         let held = ctx.slot.as_ref().map(|s| Rc::clone(s.held()));
-        let attempt = async {
+        // A closure, so that the common path awaits the future where it is made: a future kept
+        // in a variable and then awaited is copied whole into the await (two copies of the
+        // attempt's state per request, `bench/callgrind-per-request`).
+        let mut attempt = async || {
             match on_grpc.as_mut() {
                 Some(g) if is_grpc => grpc::attempt(shard, client, ctx, &picked, g).await.map(Answer::Grpc),
                 // Boxed: a pair's legs make a large future, which a request to one worker
@@ -120,7 +125,7 @@ pub(super) async fn forward(
         let attempted = match held {
             Some(held) => {
                 monoio::select! {
-                    r = attempt => {
+                    r = attempt() => {
                         if r.is_ok() {
                             held.start();
                         }
@@ -134,7 +139,7 @@ pub(super) async fn forward(
                     }
                 }
             }
-            None => attempt.await,
+            None => attempt().await,
         };
         let failure: Option<WorkerError> = match attempted {
             Ok(Answer::Grpc(begun)) => {
