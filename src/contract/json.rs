@@ -256,16 +256,10 @@ impl Parser<'_> {
         let mut escaped = false;
         let src = self.src;
         loop {
-            // 32 bytes per step while nothing special shows up, then word by word near the end.
-            let found = loop {
-                let Some(chunk) = src.get(self.pos..self.pos + 32) else { break false };
-                if let Some(at) = first_special32(chunk) {
-                    self.pos += at;
-                    break true;
-                }
-                self.pos += 32;
-            };
-            if !found {
+            // 32 bytes per step while nothing special shows up, then word by word near the end
+            // (where the special byte, if it is there, is found at once).
+            self.pos = skip_plain(src, self.pos);
+            if src.len() - self.pos < 32 {
                 while let Some(chunk) = src.get(self.pos..self.pos + 8) {
                     let hit = special_bytes(word(chunk));
                     if hit != 0 {
@@ -407,46 +401,92 @@ fn special_bytes(w: u64) -> u64 {
     below(w ^ (ONES * 0x02), 0x21) | below(w ^ (ONES * u64::from(b'\\')), 1)
 }
 
-/// Offset of the first quote, backslash or control byte in `chunk` (32 bytes long), if any.
+/// From `pos`, skips 32 bytes at a time while none of them is a quote, a backslash or a control
+/// byte. Returns the first such byte's offset, or where fewer than 32 bytes are left.
 ///
-/// SSE2 (every x86-64 has it) tests 16 bytes in five instructions where the word-at-a-time
-/// test below takes about twenty: the scan of a chat-1k body's strings went from 2,200 to
-/// about 1,100 instructions a request (`bench/callgrind-per-request`).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn first_special32(chunk: &[u8]) -> Option<usize> {
-    use std::arch::x86_64::{
-        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8, _mm_setzero_si128,
-        _mm_subs_epu8, _mm_xor_si128,
-    };
-    #[allow(unsafe_code)]
-    let half = |bytes: &[u8; 16]| {
-        // SAFETY: SSE2 is part of every x86-64 target (the intrinsics are `unsafe` only for
-        // CPUs that could lack the feature), and the load reads the 16 bytes `bytes` borrows.
-        unsafe {
-            let v = _mm_loadu_si128(bytes.as_ptr().cast::<__m128i>());
-            // `b ^ 0x02` is at most 0x20 exactly for the quote and the control bytes.
-            let quote_or_control = _mm_cmpeq_epi8(
-                _mm_subs_epu8(_mm_xor_si128(v, _mm_set1_epi8(0x02)), _mm_set1_epi8(0x20)),
-                _mm_setzero_si128(),
-            );
-            let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
-            _mm_movemask_epi8(_mm_or_si128(quote_or_control, backslash)) as u32 & 0xFFFF
+/// SIMD, because this loop is most of the scanner's time on a chat body: AVX2 where the CPU
+/// has it, else SSE2 (every x86-64 has it), else words. The word-at-a-time test took about 40
+/// instructions for 32 bytes, SSE2 21 and AVX2 12: a chat-1k request's string scan went from
+/// 2,200 instructions to about 1,100 with SSE2 (`bench/callgrind-per-request`).
+fn skip_plain(src: &[u8], pos: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { simd::skip_plain_avx2(src, pos) };
         }
-    };
-    let (lo, hi) = chunk.split_at(16);
-    let mask = half(lo.try_into().ok()?) | half(hi[..16].try_into().ok()?) << 16;
-    (mask != 0).then(|| mask.trailing_zeros() as usize)
+        simd::skip_plain_sse2(src, pos)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    skip_plain_words(src, pos)
 }
 
-/// Offset of the first quote, backslash or control byte in `chunk` (32 bytes long), if any.
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn first_special32(chunk: &[u8]) -> Option<usize> {
-    chunk.chunks_exact(8).enumerate().find_map(|(i, w)| {
-        let hit = special_bytes(word(w));
-        (hit != 0).then(|| i * 8 + (hit.trailing_zeros() / 8) as usize)
-    })
+#[cfg(any(test, not(target_arch = "x86_64")))]
+fn skip_plain_words(src: &[u8], mut pos: usize) -> usize {
+    while let Some(chunk) = src.get(pos..pos + 32) {
+        let hit = chunk.chunks_exact(8).enumerate().find_map(|(i, w)| {
+            let hit = special_bytes(word(w));
+            (hit != 0).then(|| i * 8 + (hit.trailing_zeros() / 8) as usize)
+        });
+        if let Some(at) = hit {
+            return pos + at;
+        }
+        pos += 32;
+    }
+    pos
+}
+
+/// The quote, backslash and control test on 16 or 32 bytes at once. `b ^ 0x02` is at most 0x20
+/// exactly for the quote and the control bytes, so two compares cover the three cases.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod simd {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn skip_plain_avx2(src: &[u8], mut pos: usize) -> usize {
+        while let Some(chunk) = src.get(pos..pos + 32) {
+            // SAFETY: an unaligned load of the 32 bytes `chunk` borrows.
+            let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast::<__m256i>()) };
+            let quote_or_control = _mm256_cmpeq_epi8(
+                _mm256_subs_epu8(_mm256_xor_si256(v, _mm256_set1_epi8(0x02)), _mm256_set1_epi8(0x20)),
+                _mm256_setzero_si256(),
+            );
+            let backslash = _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b'\\' as i8));
+            let mask = _mm256_movemask_epi8(_mm256_or_si256(quote_or_control, backslash)) as u32;
+            if mask != 0 {
+                return pos + mask.trailing_zeros() as usize;
+            }
+            pos += 32;
+        }
+        pos
+    }
+
+    pub(super) fn skip_plain_sse2(src: &[u8], mut pos: usize) -> usize {
+        let half = |bytes: &[u8]| {
+            // SAFETY: SSE2 is part of every x86-64 target (the intrinsics are `unsafe` only for
+            // CPUs that could lack it), and the load reads 16 of the bytes `bytes` borrows
+            // (`bytes` is 16 long).
+            unsafe {
+                let v = _mm_loadu_si128(bytes[..16].as_ptr().cast::<__m128i>());
+                let quote_or_control = _mm_cmpeq_epi8(
+                    _mm_subs_epu8(_mm_xor_si128(v, _mm_set1_epi8(0x02)), _mm_set1_epi8(0x20)),
+                    _mm_setzero_si128(),
+                );
+                let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+                _mm_movemask_epi8(_mm_or_si128(quote_or_control, backslash)) as u32 & 0xFFFF
+            }
+        };
+        while let Some(chunk) = src.get(pos..pos + 32) {
+            let mask = half(&chunk[..16]) | half(&chunk[16..]) << 16;
+            if mask != 0 {
+                return pos + mask.trailing_zeros() as usize;
+            }
+            pos += 32;
+        }
+        pos
+    }
 }
 
 /// Borrowed view used both while parsing (duplicate checks) and by [`Doc`].
@@ -633,27 +673,53 @@ impl Iterator for Elements<'_, '_> {
 mod scan_tests {
     use super::*;
 
-    #[test]
-    fn first_special32_finds_the_first_quote_backslash_or_control_byte_at_every_offset() {
-        let plain = |i: usize| [b'a', b'~', 0x7f, 0x80, 0xff, b'!', b'#', b' '][i % 8];
-        for special in [b'"', b'\\', 0x00, 0x01, 0x1f] {
-            for at in 0..32 {
-                let mut chunk: Vec<u8> = (0..32).map(plain).collect();
-                chunk[at] = special;
-                if at + 3 < 32 {
-                    chunk[at + 3] = b'"';
+    type Skip = fn(&[u8], usize) -> usize;
+
+    /// Every implementation this CPU can run, each named.
+    fn skippers() -> Vec<(&'static str, Skip)> {
+        let mut all: Vec<(&'static str, Skip)> = vec![("words", skip_plain_words)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            all.push(("sse2", simd::skip_plain_sse2));
+            if std::is_x86_feature_detected!("avx2") {
+                #[allow(unsafe_code)]
+                fn avx2(src: &[u8], pos: usize) -> usize {
+                    // SAFETY: only pushed when the CPU has AVX2.
+                    unsafe { simd::skip_plain_avx2(src, pos) }
                 }
-                assert_eq!(first_special32(&chunk), Some(at), "byte {special:#x} at {at}");
+                all.push(("avx2", avx2));
             }
         }
-        let none: Vec<u8> = (0..32).map(plain).chain(std::iter::once(b' ')).collect();
-        assert_eq!(first_special32(&none[..32]), None);
-        // Every byte value, alone in the chunk: special exactly below 0x20, or a quote or backslash.
-        for b in 0..=255u8 {
-            let mut chunk = [b'x'; 32];
-            chunk[17] = b;
-            let want = (b < 0x20 || b == b'"' || b == b'\\').then_some(17);
-            assert_eq!(first_special32(&chunk), want, "byte {b:#x}");
+        all
+    }
+
+    #[test]
+    fn skip_plain_stops_at_the_first_quote_backslash_or_control_byte_at_every_offset() {
+        let plain = |i: usize| [b'a', b'~', 0x7f, 0x80, 0xff, b'!', b'#', b' '][i % 8];
+        for (name, skip) in skippers() {
+            for special in [b'"', b'\\', 0x00, 0x01, 0x1f] {
+                for at in 0..100 {
+                    let mut src: Vec<u8> = (0..100).map(plain).collect();
+                    src[at] = special;
+                    if at + 3 < 100 {
+                        src[at + 3] = b'"';
+                    }
+                    let got = skip(&src, 0);
+                    // Found where it is, or left in the last 32 bytes for the word loop.
+                    assert_eq!(got, if at < 96 { at } else { 96 }, "{name}: byte {special:#x} at {at}");
+                    assert_eq!(skip(&src, at), at, "{name}: from {at}");
+                }
+            }
+            let none: Vec<u8> = (0..100).map(plain).collect();
+            assert_eq!(skip(&none, 0), 96, "{name}: nothing special");
+            assert_eq!(skip(&none, 70), 70, "{name}: under 32 bytes left");
+            // Every byte value, alone: special exactly below 0x20, or a quote or backslash.
+            for b in 0..=255u8 {
+                let mut src = [b'x'; 40];
+                src[17] = b;
+                let want = if b < 0x20 || b == b'"' || b == b'\\' { 17 } else { 32 };
+                assert_eq!(skip(&src, 0), want, "{name}: byte {b:#x}");
+            }
         }
     }
 
