@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// The gateway's allocator (`src/main.rs`), so what the measured code allocates costs what it
 /// costs in the gateway: glibc's malloc and free were 14% of a tokenized chat's match here.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: smg::allocator::Allocator = smg::allocator::Allocator;
 
 /// The GGUF of `.ci/llama-worker.sh` (LLAMA_MODEL, or ~/.cache/smg), if it is there.
 pub fn smollm2_gguf() -> Option<PathBuf> {

@@ -13,6 +13,7 @@
 pub mod log;
 pub mod access_log;
 pub mod admission;
+pub mod allocator;
 pub mod api;
 pub mod bounded_json;
 pub mod budget;

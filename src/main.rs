@@ -7,7 +7,7 @@ use clap::Parser;
 use smg::config::{Cli, Command};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: smg::allocator::Allocator = smg::allocator::Allocator;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
