@@ -2,6 +2,7 @@
 //! parsing it (httparse plus the framing rules), and which headers reach the client.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::pin::pin;
 use std::time::Duration;
@@ -71,9 +72,10 @@ fn dropped(name: &[u8]) -> bool {
 /// Parses a worker response head; Ok(None) = need more bytes. 1xx heads are skipped by
 /// the caller (they come back with `status < 200`).
 pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
-    let mut slots = [httparse::EMPTY_HEADER; 96];
-    let mut resp = httparse::Response::new(&mut slots);
-    let n = match resp.parse(buf) {
+    // Slots left uninitialized: filling 96 empty ones (3 KB) cost 250 instructions a head.
+    let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; 96];
+    let mut resp = httparse::Response::new(&mut []);
+    let n = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, buf, &mut slots) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() > MAX_RESPONSE_HEAD => {
             return Err(BadResponse("response head too large"))
