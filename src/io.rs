@@ -9,6 +9,8 @@
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::pin::pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::Either;
@@ -157,10 +159,17 @@ pub async fn read_more_within<S: AsyncReadRent>(
     min_spare: usize,
     limit: Duration,
 ) -> (Timed<io::Result<usize>>, Vec<u8>) {
-    match monoio::time::timeout(limit, read_more(s, buf, min_spare)).await {
-        Ok((res, buf)) => (Timed::Done(res), buf),
-        Err(_) => (Timed::Expired, Vec::new()),
-    }
+    // Both futures pinned where they are made and polled in turn: `monoio::time::timeout`
+    // took the read by value, and the read and the timer were copied twice a request.
+    let mut read = pin!(read_more(s, buf, min_spare));
+    let mut timer = pin!(monoio::time::sleep(limit));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready((res, buf)) = read.as_mut().poll(cx) {
+            return Poll::Ready((Timed::Done(res), buf));
+        }
+        timer.as_mut().poll(cx).map(|()| (Timed::Expired, Vec::new()))
+    })
+    .await
 }
 
 /// Writes all of `buf`.
