@@ -119,7 +119,8 @@ pub async fn finish(
         shard.record_outcome(worker, verdict);
     }
     account(shard, client, head, &ctx);
-    drop(ctx);
+    // The context (its permit, slots and reservation) is dropped as this returns, in place:
+    // an explicit `drop(ctx)` copied it whole first.
     if !keep {
         return Next::Close;
     }
