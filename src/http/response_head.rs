@@ -1,10 +1,12 @@
 //! Worker response heads: reading one (with the client watched while the worker is silent),
 //! parsing it (httparse plus the framing rules), and which headers reach the client.
 
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::pin::pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use monoio::net::TcpStream;
@@ -166,10 +168,15 @@ pub async fn read_response_head(
     limit: Duration,
 ) -> Result<ResponseHead, HeadError> {
     let mut head = pin!(read_unwatched(up));
-    monoio::select! {
-        biased;
-        r = &mut head => return r,
-        _ = monoio::time::sleep(WATCH_AFTER) => {}
+    // The fast path polls the read and one timer in place (`select!` copied the futures).
+    let mut early = pin!(monoio::time::sleep(WATCH_AFTER));
+    let answered = std::future::poll_fn(|cx| match head.as_mut().poll(cx) {
+        Poll::Ready(r) => Poll::Ready(Some(r)),
+        Poll::Pending => early.as_mut().poll(cx).map(|()| None),
+    })
+    .await;
+    if let Some(r) = answered {
+        return r;
     }
     let mut expired = pin!(monoio::time::sleep(limit.saturating_sub(WATCH_AFTER)));
     loop {
