@@ -85,15 +85,18 @@ fn flush(port: u16) -> u64 {
 }
 
 /// A SUB on `endpoint` for `topic`, once its subscription is in place: flushes until the
-/// flush's batch arrives (older ones still in flight are read past). Returns the SUB and the
-/// last sequence number the worker used.
-async fn join(port: u16, endpoint: &str, topic: &str) -> (SubSocket, u64) {
+/// flush's batch arrives (older ones still in flight are read past). Returns the SUB, the
+/// last sequence number the worker used, and the first flush's number (the worker says it
+/// when asked, whether or not a SUB joined in time to see that batch).
+async fn join(port: u16, endpoint: &str, topic: &str) -> (SubSocket, u64, u64) {
     let mut sub = SubSocket::new();
     within("SUB connect", sub.connect(endpoint)).await.expect("connect");
     sub.subscribe(topic).await.expect("subscribe");
     let until = Instant::now() + patience(Duration::from_secs(10));
+    let mut first_flush = None;
     loop {
         let last = flush(port);
+        let first = *first_flush.get_or_insert(last);
         let got = tokio::time::timeout(patience(Duration::from_millis(200)), async {
             loop {
                 let m = next(&mut sub).await;
@@ -104,7 +107,7 @@ async fn join(port: u16, endpoint: &str, topic: &str) -> (SubSocket, u64) {
         })
         .await;
         if got.is_ok() {
-            return (sub, last);
+            return (sub, last, first);
         }
         assert!(Instant::now() < until, "no KV event on {endpoint} within the patience bound");
     }
@@ -197,7 +200,7 @@ fn zmq_events_follow_the_prefix_cache() {
         assert_eq!(kv["endpoint"].as_str(), Some(endpoint.as_str()));
         assert_eq!(kv["replay_endpoint"].as_str(), Some(replay_at.as_str()));
         runtime().block_on(async {
-            let (mut sub, joined) = join(port, &endpoint, "").await;
+            let (mut sub, joined, _) = join(port, &endpoint, "").await;
 
             // A chat prompt (its cache bytes: the raw `messages` JSON) of two whole blocks and
             // a tail: one BlockStored, no parent, every block's ids.
@@ -336,7 +339,7 @@ fn zmq_events_map_format_topic_and_ports() {
         let mut other = SubSocket::new();
         within("SUB connect", other.connect(&ends[1])).await.expect("connect");
         other.subscribe("kv-b").await.expect("subscribe");
-        let (mut sub, joined) = join(port, &ends[1], "kv-a").await;
+        let (mut sub, joined, _) = join(port, &ends[1], "kv-a").await;
 
         let m = r#"[{"role":"user","content":"hello world, twice over"}]"#;
         chat(port, m);
@@ -368,8 +371,11 @@ fn zmq_events_map_format_topic_and_ports() {
         // round trip (a message sent to it would have been sent with those).
         assert!(futures_now(other.recv()).is_none(), "a SUB for kv-b got a kv-a message");
         // The first worker publishes on its own port, from its own sequence.
-        let (mut first, first_joined) = join(sim.ports[0], &ends[0], "kv-a").await;
-        assert_eq!(first_joined, 0, "numbered from 0");
+        // Numbered from 0: the worker's first batch. Not the batch the SUB first saw: on a busy
+        // host the SUB may join after that batch went out (ZeroMQ drops a PUB's messages
+        // until the subscription arrives), and join then flushes again.
+        let (mut first, _, first_flush) = join(sim.ports[0], &ends[0], "kv-a").await;
+        assert_eq!(first_flush, 0, "numbered from 0");
         // A worker that dies closes its sockets; the other worker's stay open.
         let _ = http_raw(port, &request_bytes("POST", "/sim/control", r#"{"die":true}"#), Duration::from_secs(5));
         let addr = |e: &str| e.strip_prefix("tcp://").unwrap().to_string();
