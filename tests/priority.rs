@@ -8,7 +8,6 @@
 mod support;
 
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sonic_rs::JsonValueTrait;
@@ -24,10 +23,11 @@ fn class_line(class: &str, floor: u32, queue: u32, timeout: u64, starve: u64, pr
     format!("  {class}: {{reserved_floor: {floor}, queue_size: {queue}, queue_timeout_secs: {timeout}, starvation_threshold_secs: {starve}, can_preempt: {preempt}}}\n")
 }
 
-fn file(name: &str, text: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("smg-priority-{}-{name}.yaml", std::process::id()));
-    std::fs::write(&p, text).unwrap();
-    p
+/// The scheduler's file, removed when the test is done with it.
+fn file(name: &str, text: &str) -> tempfile::TempPath {
+    let p = tempfile::Builder::new().prefix(&format!("smg-priority-{name}-")).suffix(".yaml").tempfile().unwrap();
+    std::fs::write(p.path(), text).unwrap();
+    p.into_temp_path()
 }
 
 fn gateway(legacy: bool, w: &FakeWorker, cfg: &std::path::Path) -> Gateway {

@@ -35,11 +35,13 @@ struct Cloud {
     ca: String,
     /// Its HTTPS port, for a client that reaches it without the proxy.
     tls: u16,
+    /// Its keys and certificates, removed with it.
+    _dir: tempfile::TempDir,
 }
 
 fn cloud(tag: &str) -> Cloud {
-    let dir = std::env::temp_dir().join(format!("smg-providers-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix(&format!("smg-providers-{tag}-")).tempdir().unwrap();
+    let dir = scratch.path();
     let keys = dir.join("keys.json");
     std::fs::write(&keys, KEYS).unwrap();
     let (proxy, tls) = (free_port(), free_port());
@@ -53,7 +55,7 @@ fn cloud(tag: &str) -> Cloud {
         wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", proxy)).is_ok()),
         "the stand-in's proxy on {proxy} did not start"
     );
-    Cloud { sim, proxy, ca: dir.join("ca.pem").to_str().unwrap().to_string(), tls }
+    Cloud { sim, proxy, ca: dir.join("ca.pem").to_str().unwrap().to_string(), tls, _dir: scratch }
 }
 
 impl Cloud {

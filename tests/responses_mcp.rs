@@ -188,9 +188,8 @@ fn allowed_tools_narrow_the_list_and_configured_servers_are_named_by_label() {
     both_drivers(|legacy| {
         let mcp = McpServer::start(false);
         let sim = agent();
-        let dir = std::env::temp_dir().join(format!("smg-mcp-{}-{}", std::process::id(), mcp.port));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cfg = dir.join("mcp.yaml");
+        let dir = tempfile::Builder::new().prefix("smg-mcp-").tempdir().unwrap();
+        let cfg = dir.path().join("mcp.yaml");
         let yaml = format!("servers:\n  - name: configured\n    protocol: streamable\n    url: {}\n    token: cfg-token\n    required: false\n", mcp.url());
         std::fs::write(&cfg, yaml).unwrap();
         let gw = gateway(legacy, &[&sim], &["--mcp-config-path", cfg.to_str().unwrap()]);
@@ -209,7 +208,6 @@ fn allowed_tools_narrow_the_list_and_configured_servers_are_named_by_label() {
         assert_eq!(types(&v), ["mcp_list_tools", "message", "mcp_call", "message"], "{v:?}");
         assert_eq!(v["output"][2]["server_label"].as_str(), Some("configured"));
         assert_eq!(mcp.log().last().unwrap()["authorization"].as_str(), Some("Bearer cfg-token"));
-        let _ = std::fs::remove_dir_all(&dir);
     });
 }
 
@@ -251,10 +249,11 @@ fn the_loop_is_bounded_and_failures_are_named() {
 }
 
 /// A test CA and a certificate it signed for `localhost` and 127.0.0.1 (openssl), in a
-/// directory of its own: (the directory, the CA, the certificate, its key).
-fn certificate() -> (std::path::PathBuf, String, String, String) {
-    let dir = std::env::temp_dir().join(format!("smg-mcp-tls-{}-{}", std::process::id(), free_port()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// directory of its own, removed when the test is done: (the directory, the CA, the
+/// certificate, its key).
+fn certificate() -> (tempfile::TempDir, String, String, String) {
+    let scratch = tempfile::Builder::new().prefix("smg-mcp-tls-").tempdir().unwrap();
+    let dir = scratch.path();
     let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
     std::fs::write(dir.join("san.ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
     let steps: [Vec<String>; 3] = [
@@ -280,12 +279,12 @@ fn certificate() -> (std::path::PathBuf, String, String, String) {
         assert!(ok.expect("openssl").success(), "openssl {args:?}");
     }
     let (ca, cert, key) = (p("ca.pem"), p("cert.pem"), p("key.pem"));
-    (dir, ca, cert, key)
+    (scratch, ca, cert, key)
 }
 
 #[test]
 fn an_https_server_is_reached_through_tls() {
-    let (dir, ca, cert, key) = certificate();
+    let (_dir, ca, cert, key) = certificate();
     both_drivers(|legacy| {
         let mcp = McpServer::start_with(false, &["--tls-cert", &cert, "--tls-key", &key]);
         let sim = agent();
@@ -306,7 +305,6 @@ fn an_https_server_is_reached_through_tls() {
         let r = post(gw.port, "/v1/responses", &turn(&mcp_tool(&plain, ""), ""), &[]);
         assert_eq!(r.status, 424, "{}", r.text());
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -17,13 +17,13 @@ use support::*;
 
 const MODEL: &str = "gpt-4o";
 
-/// The stand-in provider: one OpenAI key with its model.
-fn provider(tag: &str) -> Sim {
-    let dir = std::env::temp_dir().join(format!("smg-responses-provider-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let keys = dir.join("keys.json");
-    std::fs::write(&keys, format!(r#"{{"sk-o": {{"provider": "openai", "models": ["{MODEL}"]}}}}"#)).unwrap();
-    Sim::start(MODEL, &["--provider-keys", keys.to_str().unwrap(), "--ttft-ms", "0", "--itl-ms", "0"])
+/// The stand-in provider: one OpenAI key with its model, and the key's file (removed when
+/// the test is done).
+fn provider(tag: &str) -> (Sim, tempfile::TempPath) {
+    let keys = tempfile::Builder::new().prefix(&format!("smg-responses-provider-{tag}-")).tempfile().unwrap();
+    std::fs::write(keys.path(), format!(r#"{{"sk-o": {{"provider": "openai", "models": ["{MODEL}"]}}}}"#)).unwrap();
+    let keys = keys.into_temp_path();
+    (Sim::start(MODEL, &["--provider-keys", keys.to_str().unwrap(), "--ttft-ms", "0", "--itl-ms", "0"]), keys)
 }
 
 /// A gateway with the provider registered as OpenAI (its key stored), once its model is served.
@@ -50,7 +50,7 @@ fn turn(port: u16, fields: &str) -> Value {
 #[test]
 fn a_chain_is_kept_by_the_gateway_and_sent_whole() {
     both_drivers(|legacy| {
-        let sim = provider(&format!("chain-{legacy}"));
+        let (sim, _keys) = provider(&format!("chain-{legacy}"));
         let gw = gateway(legacy, &sim, &[]);
         let first = turn(gw.port, r#""input":"hi""#);
         assert_eq!(text(&first), "heard user:hi");
@@ -99,7 +99,7 @@ fn a_chain_is_kept_by_the_gateway_and_sent_whole() {
 #[test]
 fn a_streamed_turn_is_patched_kept_and_chained() {
     both_drivers(|legacy| {
-        let sim = provider(&format!("stream-{legacy}"));
+        let (sim, _keys) = provider(&format!("stream-{legacy}"));
         let gw = gateway(legacy, &sim, &[]);
         let first = turn(gw.port, r#""input":"hi""#);
         let id = first["id"].as_str().unwrap();
@@ -133,7 +133,7 @@ fn a_streamed_turn_is_patched_kept_and_chained() {
 #[test]
 fn a_conversation_is_kept_by_the_gateway() {
     both_drivers(|legacy| {
-        let sim = provider(&format!("conv-{legacy}"));
+        let (sim, _keys) = provider(&format!("conv-{legacy}"));
         let gw = gateway(legacy, &sim, &[]);
         let conv = ok(&post(gw.port, "/v1/conversations", r#"{"metadata":{"k":"v"}}"#, &[]));
         let cid = conv["id"].as_str().unwrap();

@@ -23,6 +23,8 @@ use support::{free_port, post, try_get, wait_until};
 struct Llama {
     child: Child,
     port: u16,
+    /// Its log, removed with it.
+    log: tempfile::TempPath,
 }
 
 impl Drop for Llama {
@@ -59,7 +61,7 @@ fn engine_files() -> Option<(PathBuf, PathBuf)> {
 
 fn start_llama(server: &PathBuf, model: &PathBuf) -> Llama {
     let port = free_port();
-    let log = std::env::temp_dir().join(format!("smg-tok-llama-{}-{port}.log", std::process::id()));
+    let log = tempfile::Builder::new().prefix("smg-tok-llama-").suffix(".log").tempfile().unwrap().into_temp_path();
     let child = Command::new(server)
         .args(["-m"])
         .arg(model)
@@ -69,9 +71,13 @@ fn start_llama(server: &PathBuf, model: &PathBuf) -> Llama {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("spawn llama-server");
-    let llama = Llama { child, port };
+    let llama = Llama { child, port, log };
     let up = wait_until(Duration::from_secs(120), || try_get(port, "/health").is_ok_and(|r| r.status == 200));
-    assert!(up, "llama-server never became healthy; its log: {}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(
+        up,
+        "llama-server never became healthy; its log: {}",
+        std::fs::read_to_string(&llama.log).unwrap_or_default()
+    );
     llama
 }
 

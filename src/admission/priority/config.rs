@@ -249,9 +249,9 @@ mod tests {
     use super::*;
 
     fn err(yaml: &str) -> String {
-        let dir = std::env::temp_dir().join(format!("smg-prio-{}-{}", std::process::id(), yaml.len()));
+        let dir = tempfile::Builder::new().prefix("smg-prio-").tempfile().unwrap().into_temp_path();
         std::fs::write(&dir, yaml).unwrap();
-        let e = SchedulerConfig::new("default", Some(&dir), -1).unwrap_err();
+        let e = SchedulerConfig::new("default", Some(&*dir), -1).unwrap_err();
         assert!(e.contains(&dir.display().to_string()), "names the file: {e}");
         e
     }
@@ -267,9 +267,9 @@ mod tests {
     #[test]
     fn smg_file_parses_and_merges() {
         let text = "classes:\n  bulk:\n    reserved_floor: 0\n    queue_size: 4\n    queue_timeout_secs: 1\n    starvation_threshold_secs: 2\n    can_preempt: false\ntenant_policies:\n  \"auth:acme\":\n    max_class: interactive\n";
-        let p = std::env::temp_dir().join(format!("smg-prio-ok-{}", std::process::id()));
+        let p = tempfile::Builder::new().prefix("smg-prio-ok-").tempfile().unwrap().into_temp_path();
         std::fs::write(&p, text).unwrap();
-        let c = SchedulerConfig::new("bulk", Some(&p), -1).unwrap();
+        let c = SchedulerConfig::new("bulk", Some(&*p), -1).unwrap();
         assert_eq!(c.class(Class::Bulk).queue_size, 4);
         assert_eq!(c.class(Class::Interactive), &ClassConfig::default_for(Class::Interactive));
         assert_eq!(c.max_class(Some("auth:acme")), Class::Interactive);

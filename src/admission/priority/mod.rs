@@ -725,12 +725,10 @@ mod tests {
     use super::*;
 
     fn cfg(yaml: &str) -> Rc<SchedulerConfig> {
-        // One file per call: tests run in parallel, and two configs can have one length.
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("smg-sched-{}-{n}", std::process::id()));
+        // One file per call (tests run in parallel), removed once it is read.
+        let p = tempfile::Builder::new().prefix("smg-sched-").tempfile().unwrap().into_temp_path();
         std::fs::write(&p, yaml).unwrap();
-        Rc::new(SchedulerConfig::new("system", Some(&p), -1).unwrap())
+        Rc::new(SchedulerConfig::new("system", Some(&*p), -1).unwrap())
     }
 
     const OPEN: &str = "classes:\n  system: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  interactive: {reserved_floor: 2, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: true}\n  default: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n  bulk: {reserved_floor: 0, queue_size: 8, queue_timeout_secs: 5, starvation_threshold_secs: 5, can_preempt: false}\n";
