@@ -162,7 +162,7 @@ pub async fn read_more_within<S: AsyncReadRent>(
     // Both futures pinned where they are made and polled in turn: `monoio::time::timeout`
     // took the read by value, and the read and the timer were copied twice a request.
     let mut read = pin!(read_more(s, buf, min_spare));
-    let mut timer = pin!(monoio::time::sleep(limit));
+    let mut timer = pin!(crate::clock::timer(limit));
     std::future::poll_fn(|cx| {
         if let Poll::Ready((res, buf)) = read.as_mut().poll(cx) {
             return Poll::Ready((Timed::Done(res), buf));
@@ -464,7 +464,7 @@ pub fn listener_from_fd(fd: RawFd) -> io::Result<TcpListener> {
 }
 
 pub async fn sleep(d: Duration) {
-    monoio::time::sleep(d).await
+    crate::clock::timer(d).await
 }
 
 /// True for accept errors that mean "out of descriptors or memory": back off, do not spin.

@@ -158,7 +158,7 @@ impl Call {
                 return None;
             }
             let data = match self.wait_limit() {
-                Some(limit) => match monoio::time::timeout(limit, self.body.data()).await {
+                Some(limit) => match crate::clock::timeout(limit, self.body.data()).await {
                     Ok(d) => d,
                     Err(_) => {
                         self.done = true;

@@ -119,11 +119,11 @@ async fn read_watching(
     monoio::select! {
         biased;
         r = &mut fut => return land(&mut up.buf, r),
-        _ = monoio::time::sleep(WATCH_AFTER) => {}
+        _ = crate::clock::timer(WATCH_AFTER) => {}
     }
     quiet.set(quiet.get() + 1);
     let left = idle_left(limits);
-    let mut stalled = pin!(monoio::time::sleep(left));
+    let mut stalled = pin!(crate::clock::timer(left));
     loop {
         if !*watch {
             return monoio::select! {
@@ -474,7 +474,7 @@ async fn relay_watched(
         let (read, pipelined) = {
             let buf = std::mem::take(&mut up.buf);
             let mut fut = pin!(read_more(&mut up.stream, buf, UPSTREAM_BUF / 2));
-            let stalled = monoio::time::sleep(idle_left(limits) + WATCH_AFTER);
+            let stalled = crate::clock::timer(idle_left(limits) + WATCH_AFTER);
             let first = monoio::select! {
                 biased;
                 r = &mut fut => Some(r),

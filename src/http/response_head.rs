@@ -169,7 +169,7 @@ pub async fn read_response_head(
 ) -> Result<ResponseHead, HeadError> {
     let mut head = pin!(read_unwatched(up));
     // The fast path polls the read and one timer in place (`select!` copied the futures).
-    let mut early = pin!(monoio::time::sleep(WATCH_AFTER));
+    let mut early = pin!(crate::clock::timer(WATCH_AFTER));
     let answered = std::future::poll_fn(|cx| match head.as_mut().poll(cx) {
         Poll::Ready(r) => Poll::Ready(Some(r)),
         Poll::Pending => early.as_mut().poll(cx).map(|()| None),
@@ -178,7 +178,7 @@ pub async fn read_response_head(
     if let Some(r) = answered {
         return r;
     }
-    let mut expired = pin!(monoio::time::sleep(limit.saturating_sub(WATCH_AFTER)));
+    let mut expired = pin!(crate::clock::timer(limit.saturating_sub(WATCH_AFTER)));
     loop {
         if !*watch {
             monoio::select! {

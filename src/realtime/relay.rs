@@ -201,7 +201,7 @@ async fn pump(from: &mut ReadHalf<'_>, to: &mut WriteHalf<'_>, d: &mut Direction
         // out short, its end would wait for bytes that never come, and the close frame that
         // was to follow it would never be sent.
         let left = by.saturating_duration_since(crate::clock::now());
-        match monoio::time::timeout(left, read).await {
+        match crate::clock::timeout(left, read).await {
             Ok((Ok(n), buf)) if n > 0 => d.buf = buf,
             Ok(_) => return End::Gone,
             Err(_) => return End::Stopped,

@@ -34,7 +34,7 @@ pub(crate) async fn drain(shard: &Rc<Shard>, listener: &TcpListener) {
     loop {
         let mut took = 0;
         while io::backlog_ready(listener) {
-            match monoio::time::timeout(ACCEPT_WAIT, listener.accept()).await {
+            match crate::clock::timeout(ACCEPT_WAIT, listener.accept()).await {
                 Ok(Ok((stream, _peer))) => {
                     took += 1;
                     let slot = shard.open_connection_in_drain();

@@ -127,7 +127,7 @@ fn shard_main(s: ShardStart, ready: flume::Sender<Result<(usize, RawFd), String>
         let shard = Rc::new(Shard::new(s.index, s.cfg, s.registry, s.control, s.peers));
         if s.accept_when_routable {
             while !shard.snapshot().workers.iter().any(|w| w.healthy) {
-                monoio::time::sleep(Duration::from_millis(20)).await;
+                crate::clock::timer(Duration::from_millis(20)).await;
             }
         }
         accept::serve(shard, listener, s.inbox, s.unbounded, s.systemd_socket).await;

@@ -335,7 +335,7 @@ async fn linger(stream: &mut TcpStream) {
             break;
         }
         scratch.clear();
-        match monoio::time::timeout(left, read_more(stream, scratch, 16 * 1024)).await {
+        match crate::clock::timeout(left, read_more(stream, scratch, 16 * 1024)).await {
             Ok((Ok(n), b)) if n > 0 => {
                 discarded += n;
                 scratch = b;

@@ -79,7 +79,8 @@ use stream_body::BodyPath;
 /// Serves one client connection until it closes; a panic outside a request's phases ends
 /// only this connection.
 pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
-    if let Err(msg) = isolate::CatchPanic(serve_connection(shard, stream, slot)).await {
+    // The clock is read once a wake for all a connection does (crate::clock).
+    if let Err(msg) = crate::clock::per_wake(isolate::CatchPanic(serve_connection(shard, stream, slot))).await {
         crate::error!("connection task panicked: {msg}; connection closed");
     }
 }

@@ -223,7 +223,7 @@ async fn read_answer(conn: &mut UpstreamConn, limit: Duration) -> Result<Respons
             }
         }
     };
-    match monoio::time::timeout(limit, read).await {
+    match crate::clock::timeout(limit, read).await {
         Ok(r) => r,
         Err(_) => Err(WorkerCause::HeadTimeout),
     }

@@ -276,7 +276,7 @@ async fn pump(
     while rest > 0 {
         let want = PUMP.min(rest);
         let (res, b) = match stall {
-            Some(limit) => match monoio::time::timeout(limit, read_into(from, chunk, want)).await {
+            Some(limit) => match crate::clock::timeout(limit, read_into(from, chunk, want)).await {
                 Ok(r) => r,
                 Err(_) => return Pumped::Stalled,
             },

@@ -147,7 +147,7 @@ async fn read_form_head(
         let want = (len - here).min(hold - here).min(PUMP);
         let read = read_into(&mut client.stream, std::mem::take(&mut chunk), want);
         let (res, b) = match shard.cfg().stream_body_stall {
-            Some(limit) => match monoio::time::timeout(limit, read).await {
+            Some(limit) => match crate::clock::timeout(limit, read).await {
                 Ok(r) => r,
                 Err(_) => return Err(refused(ctx, Failure::Rejected(ApiError::body_stalled()))),
             },
