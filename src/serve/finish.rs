@@ -1,7 +1,8 @@
 //! The one exit: every request, answered here, rejected or relayed, ends in [`finish`]. It
 //! writes what is still to be written, logs worker-side failures, decides keep-alive (the
-//! only place that does), and drops the request context, which releases the worker's load
-//! count and the in-flight count. Permits, budget settlements, breaker outcomes (the
+//! only place that does). The request context it is lent is dropped as it returns (by the
+//! connection loop, the next statement), which releases the worker's load count and the
+//! in-flight count. Permits, budget settlements, breaker outcomes (the
 //! verdicts attempts noted in the context, one per attempt), metrics and the access line
 //! belong here too: nothing else settles a budget or records an outcome.
 
@@ -74,13 +75,13 @@ pub async fn finish(
     shard: &Shard,
     client: &mut Client,
     head: Option<&RequestHead>,
-    mut ctx: RequestCtx,
+    ctx: &mut RequestCtx,
     outcome: Outcome,
 ) -> Next {
     let mut keep = match outcome {
-        Outcome::Local(l) => answer(shard, client, head, &mut ctx, Answer::Local(l)).await,
+        Outcome::Local(l) => answer(shard, client, head, ctx, Answer::Local(l)).await,
         Outcome::Control(r) => {
-            let keep = answer(shard, client, head, &mut ctx, Answer::Control(r)).await;
+            let keep = answer(shard, client, head, ctx, Answer::Control(r)).await;
             if let (Some(r), Some(used)) = (ctx.reservation.take(), ctx.used_tokens) {
                 if (200..300).contains(&ctx.status) {
                     r.settle(used);
@@ -88,7 +89,7 @@ pub async fn finish(
             }
             keep
         }
-        Outcome::Failed(f) => answer(shard, client, head, &mut ctx, Answer::Failure(f)).await,
+        Outcome::Failed(f) => answer(shard, client, head, ctx, Answer::Failure(f)).await,
         Outcome::Relayed { end, stats } => {
             // The budget is trued up to what the worker says it used; with no figure (or a
             // failed answer) the reservation's estimate stands.
@@ -108,7 +109,7 @@ pub async fn finish(
                     ctx.timings.started.elapsed()
                 );
             }
-            !announce_close(&ctx, head) && matches!(end, RelayEnd::Done { .. }) && !stats.close_delimited
+            !announce_close(ctx, head) && matches!(end, RelayEnd::Done { .. }) && !stats.close_delimited
         }
         Outcome::ClientGone | Outcome::Upgraded => false,
     };
@@ -118,9 +119,10 @@ pub async fn finish(
     for (worker, verdict) in ctx.take_verdicts() {
         shard.record_outcome(worker, verdict);
     }
-    account(shard, client, head, &ctx);
-    // The context (its permit, slots and reservation) is dropped as this returns, in place:
-    // an explicit `drop(ctx)` copied it whole first.
+    account(shard, client, head, ctx);
+    // The caller drops the context (its permit, slots and reservation) as this returns. It
+    // is lent, not given: an async fn copies what it is given into its state and then into
+    // its locals (544 bytes, twice a request).
     if !keep {
         return Next::Close;
     }

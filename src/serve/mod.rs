@@ -80,7 +80,7 @@ use stream_body::BodyPath;
 /// only this connection.
 pub async fn connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionSlot) {
     // The clock is read once a wake for all a connection does (crate::clock).
-    if let Err(msg) = crate::clock::per_wake(isolate::CatchPanic(serve_connection(shard, stream, slot))).await {
+    if let Err(msg) = crate::clock::per_wake(isolate::catch_panic(serve_connection(shard, stream, slot))).await {
         crate::error!("connection task panicked: {msg}; connection closed");
     }
 }
@@ -99,7 +99,7 @@ async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionS
                 client.next = head.len;
                 let route = api::classify(head.method, &client.buf[head.path.clone()]);
                 let mut ctx = RequestCtx::new(&shard, &head, &client.buf, route);
-                let outcome = match isolate::CatchPanic(request(&shard, &mut client, &head, &mut ctx, route)).await {
+                let outcome = match isolate::catch_panic(request(&shard, &mut client, &head, &mut ctx, route)).await {
                     Ok(o) => o,
                     Err(msg) => {
                         crate::error!("request {}: panicked: {msg}", ctx.id_str());
@@ -107,12 +107,12 @@ async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, slot: ConnectionS
                         Outcome::Failed(Failure::Internal(InternalError::Panic))
                     }
                 };
-                finish(&shard, &mut client, Some(&head), ctx, outcome).await
+                finish(&shard, &mut client, Some(&head), &mut ctx, outcome).await
             }
             HeadRead::Reject(e) => {
-                let ctx = RequestCtx::unparsed(&shard, &client.buf);
+                let mut ctx = RequestCtx::unparsed(&shard, &client.buf);
                 let outcome = Outcome::Failed(Failure::Client(ClientError::Head(e)));
-                finish(&shard, &mut client, None, ctx, outcome).await
+                finish(&shard, &mut client, None, &mut ctx, outcome).await
             }
             HeadRead::Closed => Next::Close,
         };
