@@ -4,7 +4,7 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use smg_wire::num::put_hex_width;
+use smg_wire::num::hex_digits;
 
 use crate::admission::auth::Tenant;
 use crate::admission::priority::Class;
@@ -86,6 +86,10 @@ impl Verdicts {
     }
 }
 
+/// A request's id, inline up to 40 bytes: ours are 28 (`chatcmpl-` and 24 hex digits),
+/// and one allocation a request fewer (see `Shard::candidates`).
+pub type RequestId = smallvec::SmallVec<[u8; 40]>;
+
 /// When things happened.
 #[derive(Debug, Clone, Copy)]
 pub struct Timings {
@@ -101,7 +105,7 @@ pub struct Timings {
 }
 
 pub struct RequestCtx {
-    pub request_id: Vec<u8>,
+    pub request_id: RequestId,
     /// None only for a head that could not be parsed.
     pub route: Option<Route>,
     /// The tenant identity, set by `authorize` on serving routes; read by the phases after
@@ -193,7 +197,7 @@ impl RequestCtx {
             .iter()
             .find_map(|name| crate::http::head::header_of_refused(buf, name).filter(|v| printable_id(v)));
         ctx.request_id = match client_id {
-            Some(id) => id.to_vec(),
+            Some(id) => RequestId::from_slice(id),
             None => request_id(shard, None, "req-"),
         };
         ctx
@@ -201,7 +205,7 @@ impl RequestCtx {
 
     fn bare(shard: &Rc<Shard>, close: bool, http10: bool) -> Self {
         RequestCtx {
-            request_id: Vec::new(),
+            request_id: RequestId::new(),
             route: None,
             tenant: None,
             permit: None,
@@ -271,18 +275,19 @@ fn printable_id(v: &[u8]) -> bool {
 
 /// The client's own id (first of `--request-id-headers` with a printable value), else a
 /// fresh one with the route's prefix.
-fn request_id(shard: &Shard, head: Option<(&RequestHead, &[u8])>, prefix: &str) -> Vec<u8> {
+fn request_id(shard: &Shard, head: Option<(&RequestHead, &[u8])>, prefix: &str) -> RequestId {
     if let Some((head, buf)) = head {
         for name in &shard.cfg().request_id_headers {
             if let Some(v) = head.header(buf, name).filter(|v| printable_id(v)) {
-                return v.to_vec();
+                return RequestId::from_slice(v);
             }
         }
     }
-    let mut id = Vec::with_capacity(40);
-    id.extend_from_slice(prefix.as_bytes());
-    put_hex_width(&mut id, shard.next_random(), 16);
-    put_hex_width(&mut id, shard.next_random(), 8);
+    let mut digits = [0u8; 24];
+    hex_digits(shard.next_random(), &mut digits[..16]);
+    hex_digits(shard.next_random(), &mut digits[16..]);
+    let mut id = RequestId::from_slice(prefix.as_bytes());
+    id.extend_from_slice(&digits);
     id
 }
 

@@ -16,9 +16,17 @@ pub fn put_hex(out: &mut Vec<u8>, n: u64) {
 
 /// Appends the low `width` hex digits of `n`, zero-padded (width ≤ 16).
 pub fn put_hex_width(out: &mut Vec<u8>, n: u64, width: usize) {
+    let mut digits = [0u8; 16];
+    hex_digits(n, &mut digits[..width]);
+    out.extend_from_slice(&digits[..width]);
+}
+
+/// Fills `out` with the low `out.len()` hex digits of `n`, zero-padded (length ≤ 16).
+pub fn hex_digits(n: u64, out: &mut [u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for k in (0..width).rev() {
-        out.push(HEX[((n >> (k * 4)) & 0xf) as usize]);
+    let width = out.len();
+    for (k, d) in out.iter_mut().enumerate() {
+        *d = HEX[((n >> ((width - 1 - k) * 4)) & 0xf) as usize];
     }
 }
 
