@@ -201,6 +201,13 @@ pub struct Writev2 {
     iov: Box<[libc::iovec; 2]>,
 }
 
+thread_local! {
+    /// The iovec pair of the shard's last finished write, for its next: a request writes
+    /// twice, and malloc and free cost more in cycles than their instruction count says
+    /// (`Shard::candidates`). A write cancelled mid-way leaves its pair with the driver.
+    static SPARE_IOV: std::cell::Cell<Option<Box<[libc::iovec; 2]>>> = const { std::cell::Cell::new(None) };
+}
+
 // SAFETY: the iovecs live in a Box (a stable address while monoio holds the buffer) and point
 // into `a` and `b`, which this struct owns and leaves untouched while an operation holds it.
 #[allow(unsafe_code)]
@@ -231,20 +238,23 @@ impl Writev2 {
     ) -> (io::Result<()>, Vec<u8>, Vec<u8>) {
         let mut a = a;
         let mut b = b;
-        let iov = Box::new([
+        let mut iov = SPARE_IOV
+            .with(std::cell::Cell::take)
+            .unwrap_or_else(|| Box::new([libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2]));
+        *iov = [
             libc::iovec { iov_base: a.as_mut_ptr().cast(), iov_len: a.len() },
             libc::iovec { iov_base: b[b_start..].as_mut_ptr().cast(), iov_len: b_end - b_start },
-        ]);
+        ];
         let mut pair = Writev2 { a, b, iov };
         loop {
             let total = pair.iov[0].iov_len + pair.iov[1].iov_len;
             if total == 0 {
-                return (Ok(()), pair.a, pair.b);
+                return pair.end(Ok(()));
             }
             let (res, p) = s.writev(pair).await;
             pair = p;
             match res {
-                Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), pair.a, pair.b),
+                Ok(0) => return pair.end(Err(io::ErrorKind::WriteZero.into())),
                 Ok(mut n) => {
                     for v in pair.iov.iter_mut() {
                         let take = n.min(v.iov_len);
@@ -254,9 +264,16 @@ impl Writev2 {
                         n -= take;
                     }
                 }
-                Err(e) => return (Err(e), pair.a, pair.b),
+                Err(e) => return pair.end(Err(e)),
             }
         }
+    }
+
+    /// The buffers back, and the iovec pair kept for the next write.
+    fn end(self, res: io::Result<()>) -> (io::Result<()>, Vec<u8>, Vec<u8>) {
+        let Writev2 { a, b, iov } = self;
+        SPARE_IOV.with(|s| s.set(Some(iov)));
+        (res, a, b)
     }
 }
 
