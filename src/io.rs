@@ -527,3 +527,42 @@ pub fn raise_descriptor_limit() -> u64 {
     }
     lim.rlim_cur
 }
+
+#[cfg(test)]
+mod tests {
+    use monoio::io::AsyncReadRentExt;
+    use monoio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// Two writes in a row over a loopback socket, under both drivers: every byte arrives in
+    /// order, and the second write takes the first one's iovec box.
+    #[test]
+    fn writes_deliver_their_ranges_and_reuse_the_iovec_box() {
+        async fn run() {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let mut tx = TcpStream::connect(addr).await.unwrap();
+            let (mut rx, _) = listener.accept().await.unwrap();
+            SPARE_IOV.with(|s| s.set(None));
+            let (res, a, b) = Writev2::write(&mut tx, b"head|".to_vec(), b"xxbodyyy".to_vec(), 2, 6).await;
+            res.unwrap();
+            assert_eq!((a, b), (b"head|".to_vec(), b"xxbodyyy".to_vec()), "both buffers come back whole");
+            let first = SPARE_IOV.with(|s| s.take()).expect("the box is kept");
+            let kept: *const [libc::iovec; 2] = &*first;
+            SPARE_IOV.with(|s| s.set(Some(first)));
+            // An empty head: only the range goes out.
+            let (res, _, _) = Writev2::write(&mut tx, Vec::new(), b"-tail".to_vec(), 0, 5).await;
+            res.unwrap();
+            let again = SPARE_IOV.with(|s| s.take()).expect("kept again");
+            assert!(std::ptr::eq(kept, &*again), "the second write used the first one's box");
+            let (res, got) = rx.read_exact(vec![0u8; 14]).await;
+            res.unwrap();
+            assert_eq!(got, b"head|body-tail");
+        }
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap().block_on(run());
+        if monoio::utils::detect_uring() {
+            monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().unwrap().block_on(run());
+        }
+    }
+}
