@@ -86,7 +86,7 @@ impl Verdicts {
     }
 }
 
-/// A request's id, inline up to 40 bytes: ours are 28 (`chatcmpl-` and 24 hex digits),
+/// A request's id, inline up to 40 bytes: ours are at most 33 (`chatcmpl-` and 24 hex digits),
 /// and one allocation a request fewer (see `Shard::candidates`).
 pub type RequestId = smallvec::SmallVec<[u8; 40]>;
 
