@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use smg::budget::redis_store::RedisStore;
@@ -251,7 +250,7 @@ async fn dead_or_hung_redis_fails_fast_and_reconnects() {
     assert!(RedisStore::connect(&format!("redis://127.0.0.1:{port}")).await.is_err());
     assert!(t.elapsed() < quick, "refused connect took {:?}", t.elapsed());
     // A listener that never answers (the handshake hangs): the connect timeout.
-    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = local_listener();
     let t = Instant::now();
     let e = RedisStore::connect(&format!("redis://{}", silent.local_addr().unwrap())).await.unwrap_err();
     assert!(t.elapsed() < quick, "silent connect took {:?}: {e}", t.elapsed());

@@ -17,6 +17,7 @@ use smg::responses::store::{
     start, unix_now, Backend, Conversation, History, Item, Memory, MemoryLimits, Op, Reply, StoredResponse,
     Unavailable, MAX_CHAIN,
 };
+use support::free_port;
 use support::postgres_server::PostgresServer;
 use support::redis_server::RedisServer;
 
@@ -29,10 +30,6 @@ const BOOT: Duration = Duration::from_secs(60);
 fn block_on<F: Future>(f: F) -> F::Output {
     let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build().expect("monoio runtime");
     rt.block_on(f)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `kill -s <sig> -- <target>` (a negative target: a process group).

@@ -8,7 +8,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +125,7 @@ struct DeepWorker {
 
 impl DeepWorker {
     fn start() -> DeepWorker {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = local_listener();
         let port = listener.local_addr().unwrap().port();
         let answered = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&answered);
@@ -355,7 +355,7 @@ fn registrations_that_turn_the_gateway_on_itself_are_refused() {
 /// Relays every connection it accepts to `to` (a proxy in front of the gateway, which the
 /// registration check cannot see through); counts the requests that went through it.
 fn forwarder(to: u16) -> (u16, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = local_listener();
     let port = listener.local_addr().unwrap().port();
     let posts = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&posts);

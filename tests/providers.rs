@@ -44,17 +44,12 @@ fn cloud(tag: &str) -> Cloud {
     let dir = scratch.path();
     let keys = dir.join("keys.json");
     std::fs::write(&keys, KEYS).unwrap();
-    let (proxy, tls) = (free_port(), free_port());
-    let (d, k, p, t) =
-        (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string(), proxy.to_string(), tls.to_string());
+    let (d, k) = (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string());
     let sim = Sim::start(
         "cloud-sim",
-        &["--tls-dir", &d, "--tls-port", &t, "--provider-keys", &k, "--connect-proxy-port", &p],
+        &["--tls-dir", &d, "--tls-port", "0", "--provider-keys", &k, "--connect-proxy-port", "0"],
     );
-    assert!(
-        wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", proxy)).is_ok()),
-        "the stand-in's proxy on {proxy} did not start"
-    );
+    let (proxy, tls) = (sim.proxy.expect("the stand-in's proxy port"), sim.tls.expect("the stand-in's TLS port"));
     Cloud { sim, proxy, ca: dir.join("ca.pem").to_str().unwrap().to_string(), tls, _dir: scratch }
 }
 

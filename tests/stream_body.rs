@@ -11,7 +11,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -69,7 +69,7 @@ struct Sink {
 
 impl Sink {
     fn start(model: &'static str) -> Sink {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = local_listener();
         let port = listener.local_addr().unwrap().port();
         let st = Arc::new(SinkState::default());
         let s2 = Arc::clone(&st);

@@ -75,7 +75,7 @@ fn socket_activation_serves_on_the_passed_socket() {
     both_drivers(|legacy| {
         let w = FakeWorker::start("m");
         // The "systemd" side: a bound, listening socket handed over as fd 3.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = local_listener();
         let port = listener.local_addr().unwrap().port();
         let fd = listener.as_raw_fd();
         let unused = free_port();

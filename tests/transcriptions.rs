@@ -10,7 +10,6 @@
 mod support;
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -242,7 +241,7 @@ struct HashSink {
 
 impl HashSink {
     fn start(model: &'static str) -> HashSink {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = local_listener();
         let port = listener.local_addr().unwrap().port();
         let st = Arc::new(HashState::default());
         let s2 = Arc::clone(&st);

@@ -4,7 +4,7 @@
 //! be sent on this machine.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -180,7 +180,7 @@ pub fn conns_by_shard(gw: &Gateway, max: usize, enough: impl Fn(&[Vec<TcpStream>
 /// Bytes a client can write to a peer that read its first 64 KB and then stopped reading,
 /// before the writes block: what socket buffers on this machine hold for one connection.
 pub fn unread_capacity() -> usize {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l = super::local_listener();
     let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (mut peer, _) = l.accept().unwrap();
     let chunk = vec![b'x'; 64 * 1024];

@@ -28,18 +28,45 @@ use sonic_rs::JsonValueTrait;
 pub mod patience;
 pub use patience::{patience, wait_until};
 
-/// A port free now and never handed out before in this process: the kernel may give a
-/// just-closed ephemeral port to the next bind, and two gateways of one test binary (one's
-/// main port, another's metrics port) once got the same one.
+/// Ports this process has handed out or listens on.
+static HANDED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+/// Records `port` as taken in this process; false if it already was.
+pub fn claim(port: u16) -> bool {
+    let mut handed = HANDED.lock().unwrap();
+    let new = !handed.contains(&port);
+    if new {
+        handed.push(port);
+    }
+    new
+}
+
+/// A port free now and never handed out before in this process, for a child process to bind
+/// (a gateway, redis-server, prometheus): the kernel may give a just-closed ephemeral port to
+/// the next bind, and two gateways of one test binary (one's main port, another's metrics
+/// port) once got the same one. A listener of this process takes [`local_listener`] instead.
 pub fn free_port() -> u16 {
-    static HANDED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     loop {
         let p = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut handed = HANDED.lock().unwrap();
-        if !handed.contains(&p) {
-            handed.push(p);
+        if claim(p) {
             return p;
         }
+    }
+}
+
+/// A listener of this test process on the kernel's pick of port, never one [`free_port`]
+/// handed out. A handed port is free until its child process binds it, and the kernel may
+/// pick it meanwhile: a fake worker once took a port just handed to a simulated worker, whose
+/// bind then failed, and the test talked to the fake instead.
+pub fn local_listener() -> TcpListener {
+    let mut refused = Vec::new();
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        if claim(l.local_addr().unwrap().port()) {
+            return l;
+        }
+        // Held until a good one is found, so the kernel does not pick it again.
+        refused.push(l);
     }
 }
 
@@ -299,7 +326,7 @@ impl FakeWorker {
     /// Like [`FakeWorker::start`], with `max_running_requests: max_running` on
     /// `/get_server_info` (what discovery reads for the priority scheduler's capacity).
     pub fn start_reporting(model: &str, max_running: usize) -> FakeWorker {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = local_listener();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(WorkerState::default());
         state.max_running.store(max_running, Ordering::SeqCst);

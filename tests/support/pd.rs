@@ -6,7 +6,7 @@ use std::time::Duration;
 use sonic_rs::JsonValueTrait;
 
 use super::sim::Sim;
-use super::{free_port, Gateway};
+use super::Gateway;
 
 /// A prefill sim on its own bootstrap port, with `flags`.
 pub fn prefill(flags: &[&str]) -> (Sim, u16) {
@@ -14,12 +14,12 @@ pub fn prefill(flags: &[&str]) -> (Sim, u16) {
 }
 
 pub fn prefill_of(model: &str, flags: &[&str]) -> (Sim, u16) {
-    let bport = free_port();
-    let b = bport.to_string();
-    let mut all = vec!["--pd-role", "prefill", "--bootstrap-port", &b];
+    let mut all = vec!["--pd-role", "prefill"];
     all.extend(defaults(&[("--ttft-ms", "5"), ("--itl-ms", "1")], flags));
     all.extend_from_slice(flags);
-    (Sim::start(model, &all), bport)
+    let sim = Sim::start(model, &all);
+    let bport = sim.bootstrap.expect("a prefill worker binds a bootstrap port");
+    (sim, bport)
 }
 
 /// A decode sim that waits for its KV at most `handoff`.

@@ -131,7 +131,7 @@ pub struct RogueWorker {
 
 impl RogueWorker {
     pub fn start(model: &str, mode: Mode) -> RogueWorker {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = super::local_listener();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(RogueState::default());
         let h = spawn_acceptor(listener, Arc::clone(&state), mode, model.to_string(), 0);

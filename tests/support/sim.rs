@@ -6,32 +6,45 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::{free_port, get, post, wait_until, Response};
+use super::{claim, free_port, get, post, wait_until, Response};
 
 pub struct Sim {
     pub port: u16,
+    /// A PD prefill worker's bootstrap port.
+    pub bootstrap: Option<u16>,
+    /// With `--tls-dir`: the TLS port; with `--connect-proxy-port`, the proxy's.
+    pub tls: Option<u16>,
+    pub proxy: Option<u16>,
 }
 
 impl Sim {
-    /// One simulated worker serving `model`, with extra smg-sim flags.
+    /// One simulated worker serving `model`, with extra smg-sim flags, on the kernel's pick of
+    /// port (and of bootstrap port, for a prefill worker).
     pub fn start(model: &str, flags: &[&str]) -> Sim {
-        Self::start_on(free_port(), model, flags)
+        Self::start_on(0, model, flags)
     }
 
-    /// [`Sim::start`] on `port` (a worker restarted where a dead one was).
+    /// [`Sim::start`] on `port` (a worker restarted where a dead one was); 0 is the kernel's
+    /// pick. Returns once the worker listens: its ports come from its own sockets, so nothing
+    /// else in this process can be mistaken for it.
     pub fn start_on(port: u16, model: &str, flags: &[&str]) -> Sim {
         let ports = port.to_string();
         let mut argv = vec!["smg-sim", "--ports", &ports, "--model", model, "--threads", "1"];
         argv.extend_from_slice(flags);
         let args = smg_loadtest::sim::config::SimArgs::try_parse_from(argv).expect("smg-sim flags");
-        std::thread::spawn(move || {
-            let _ = smg_loadtest::sim::run(args);
-        });
-        assert!(
-            wait_until(Duration::from_secs(10), || TcpStream::connect(("127.0.0.1", port)).is_ok()),
-            "simulated worker on {port} did not start"
-        );
-        Sim { port }
+        let started = smg_loadtest::sim::start(args).unwrap_or_else(|e| panic!("smg-sim on port {port}: {e}"));
+        let bound = &started.bound[0];
+        let sim = Sim {
+            port: bound.port,
+            bootstrap: bound.bootstrap,
+            tls: started.tls.first().copied(),
+            proxy: started.proxy,
+        };
+        // Kept from free_port, which would otherwise hand a dead worker's port to a gateway.
+        for p in [Some(sim.port), sim.bootstrap, sim.tls, sim.proxy].into_iter().flatten() {
+            claim(p);
+        }
+        sim
     }
 
     pub fn url(&self) -> String {

@@ -5,7 +5,8 @@
 //! Listeners use SO_REUSEPORT so a restarted simulator can rebind at once.
 //!
 //! Boot order: every thread binds its ports, reports them, then the main thread prints one
-//! `listening` line per worker followed by `ready` (tests and scripts wait for that line).
+//! `listening` line per worker followed by `ready` (scripts wait for that line; a caller in this
+//! process takes the ports from [`start`]'s answer).
 //!
 //! With `--grpc` the ports speak SGLang's scheduler gRPC API instead (grpc/mod.rs). With
 //! `--pd-role` the workers are prefill or decode servers of PD pairs, in SGLang's or vLLM's shape
@@ -54,6 +55,35 @@ use worker::Worker;
 
 /// Starts all workers and blocks until every one of them has died (or forever).
 pub fn run(args: SimArgs) -> Result<(), String> {
+    start(args)?.wait();
+    Ok(())
+}
+
+/// A started simulator: where its workers listen, and their threads.
+pub struct Started {
+    /// One per worker, in the order of the flags that named them.
+    pub bound: Vec<Bound>,
+    /// With `--tls-dir`: each worker's TLS port, in the same order.
+    pub tls: Vec<u16>,
+    /// With `--connect-proxy-port`: the proxy's port.
+    pub proxy: Option<u16>,
+    joins: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Started {
+    /// Blocks until every worker has died (or forever).
+    pub fn wait(self) {
+        for j in self.joins {
+            let _ = j.join();
+        }
+    }
+}
+
+/// Binds every worker's ports, prints the `listening` and `ready` lines and returns without
+/// waiting. A port given as 0 is the kernel's pick, and [`Started::bound`] says which: a
+/// caller in the same process (a test) learns its ports from the sockets themselves, instead
+/// of picking a free one first and racing anyone else for it until the bind.
+pub fn start(args: SimArgs) -> Result<Started, String> {
     let mut specs = args.worker_specs()?;
     if args.tokenize_http && !args.grpc {
         tokenizer::ensure_dir(args.tokenizer_dir.as_deref())
@@ -157,10 +187,7 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         println!("proxy {host}:{p}");
     }
     println!("ready driver={} threads={threads}", rt::driver_name());
-    for j in joins {
-        let _ = j.join();
-    }
-    Ok(())
+    Ok(Started { bound, tls: tls_ports, proxy: proxy_port, joins })
 }
 
 /// Starts the ZMQ thread for the workers publishing KV events over ZMQ (none: no thread) and
@@ -199,12 +226,12 @@ fn start_zmq(specs: &mut [WorkerSpec]) -> Result<HashMap<usize, zmq_events::Boun
 }
 
 /// A worker's bound ports, reported by its thread for the `listening` lines.
-struct Bound {
+pub struct Bound {
     /// Index into the specs.
     index: usize,
-    port: u16,
+    pub port: u16,
     /// A PD prefill worker's bootstrap port.
-    bootstrap: Option<u16>,
+    pub bootstrap: Option<u16>,
 }
 
 async fn serve_thread(host: IpAddr, mine: Vec<(usize, WorkerSpec)>, tx: mpsc::Sender<Result<Vec<Bound>, String>>) {
