@@ -165,7 +165,7 @@ fn abort_and_client_leaving_are_observed() {
         );
         assert!(ack[0].success);
         let (chunks, done) = split(decode(&reader.await));
-        assert!(t0.elapsed() < Duration::from_millis(500), "abort took {:?}", t0.elapsed());
+        assert!(t0.elapsed() < patience(Duration::from_millis(500)), "abort took {:?}", t0.elapsed());
         assert!(!chunks.is_empty() && chunks.len() < 100, "{} chunks", chunks.len());
         assert_eq!(done[0].finish_reason, "abort");
 
