@@ -40,6 +40,7 @@ pub mod runtime;
 pub mod secret;
 pub mod serve;
 pub mod shard;
+pub mod spare;
 pub mod tokenizer;
 pub mod trace;
 pub mod uuid;

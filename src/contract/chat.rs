@@ -49,6 +49,12 @@ pub struct Chat<'a> {
     pub tool_stream_key: Option<usize>,
 }
 
+impl Drop for Chat<'_> {
+    fn drop(&mut self) {
+        messages::give_back(std::mem::take(&mut self.messages));
+    }
+}
+
 /// Read and type-check every modeled top-level field (mismatches are `json_parse_error`).
 pub fn read(doc: Doc<'_>) -> Result<Chat<'_>> {
     if doc.kind(0) != Kind::Object {

@@ -10,6 +10,8 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
+use crate::spare::Spare;
+
 /// Deepest container nesting accepted (the `serde_json` default recursion limit), the bound
 /// every other reader of outside JSON keeps too (`bounded_json.rs`).
 pub use smg_wire::json::MAX_DEPTH;
@@ -48,6 +50,20 @@ pub struct Doc<'a> {
     pub nodes: Vec<Node>,
 }
 
+thread_local! {
+    /// The tape of the shard's last document, for its next (crate::spare); past 4096 nodes
+    /// (a body of about 250 KB) it is freed instead.
+    static TAPE: Spare<Node> = const { Spare::new(4096) };
+    /// The parser's stack of open containers, likewise.
+    static FRAMES: Spare<Frame> = const { Spare::new(MAX_DEPTH) };
+}
+
+impl Drop for Doc<'_> {
+    fn drop(&mut self) {
+        TAPE.with(|t| t.give(std::mem::take(&mut self.nodes)));
+    }
+}
+
 /// Where and why the scan failed; rendered `serde_json`-style as "… at line L column C".
 #[derive(Debug)]
 pub struct SyntaxError {
@@ -78,9 +94,13 @@ pub fn parse(src: &[u8]) -> Result<Doc<'_>, SyntaxError> {
         let at = std::str::from_utf8(src).err().map_or(0, |e| e.valid_up_to());
         return Err(SyntaxError { what: "invalid UTF-8", at });
     }
-    let mut p = Parser { src, pos: 0, nodes: Vec::with_capacity(16 + src.len() / 64), stack: Vec::new() };
-    p.run()?;
-    Ok(Doc { src, nodes: p.nodes })
+    let nodes = TAPE.with(|t| t.take(16 + src.len() / 64));
+    let mut p = Parser { src, pos: 0, nodes, stack: FRAMES.with(|f| f.take(16)) };
+    let scanned = p.run();
+    FRAMES.with(|f| f.give(p.stack));
+    let doc = Doc { src, nodes: p.nodes };
+    // A refused body's tape goes back too, with its document.
+    scanned.map(|()| doc)
 }
 
 struct Frame {

@@ -3,6 +3,7 @@
 use super::error::ContractError;
 use super::fields::{self, Result};
 use super::json::{Doc, Kind};
+use crate::spare::Spare;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Role {
@@ -73,10 +74,20 @@ impl Message {
     }
 }
 
+thread_local! {
+    /// The message list of the shard's last chat request, for its next (crate::spare).
+    static LIST: Spare<Message> = const { Spare::new(256) };
+}
+
+/// Gives a list [`scan`] made back for the next request's.
+pub fn give_back(list: Vec<Message>) {
+    LIST.with(|s| s.give(list));
+}
+
 /// Type-check every message (schema mismatches are `json_parse_error`). `declared_tools_ok`
 /// lets a `developer` message that declares tools omit `content` (Kimi).
 pub fn scan(doc: &Doc<'_>, messages: usize, declared_tools_ok: bool) -> Result<Vec<Message>> {
-    let mut out = Vec::with_capacity(8);
+    let mut out = LIST.with(|s| s.take(8));
     for (i, m) in doc.elements(messages).enumerate() {
         let at = || format!("messages[{i}]");
         if doc.kind(m) != Kind::Object {

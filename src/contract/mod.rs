@@ -34,6 +34,8 @@ pub use span::{apply, apply_into, Splice};
 
 use span::Edits;
 
+use crate::spare::Spare;
+
 /// Which request schema a body is checked against.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Endpoint {
@@ -194,13 +196,30 @@ fn inspect_decision(doc: json::Doc<'_>, aliases: &Aliases) -> Result<Inspection,
     })
 }
 
+thread_local! {
+    /// Model names' buffers, kept from one request to the next (crate::spare).
+    static MODEL_NAMES: Spare<u8> = const { Spare::new(256) };
+}
+
+/// `name` in a buffer a finished request gave back.
+fn model_name(name: &str) -> String {
+    let mut s = String::from_utf8(MODEL_NAMES.with(|m| m.take(name.len()))).unwrap_or_default();
+    s.push_str(name);
+    s
+}
+
+/// Keeps a model name's buffer for the next request's.
+pub fn give_back_model_name(name: String) {
+    MODEL_NAMES.with(|m| m.give(name.into_bytes()));
+}
+
 /// The canonical model; an alias also gets a splice over the `model` string token.
 fn resolve_model(doc: &json::Doc<'_>, v: usize, name: &str, aliases: &Aliases, edits: &mut Edits) -> String {
     match aliases.resolve(name) {
         Some(canonical) => {
             edits.replace_with_string(doc, v, canonical);
-            canonical.to_string()
+            model_name(canonical)
         }
-        None => name.to_string(),
+        None => model_name(name),
     }
 }

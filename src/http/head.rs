@@ -8,6 +8,8 @@ use std::ops::Range;
 
 use smg_wire::header::{has_token, parse_content_length, trim};
 
+use crate::spare::Spare;
+
 /// Longest request line we accept before answering 414.
 pub const MAX_REQUEST_LINE: usize = 8 * 1024;
 /// Largest request head (line + headers) before answering 431.
@@ -99,6 +101,19 @@ pub struct RequestHead {
     pub headers: Vec<HeaderRange>,
     /// `x-smg-hop`: the gateways the request has been through (`hop.rs`).
     pub hop: Option<Range<usize>>,
+}
+
+thread_local! {
+    /// The header lists of the shard's last request head, for its next (crate::spare).
+    static HEADERS: Spare<HeaderRange> = const { Spare::new(MAX_HEADERS) };
+    static FORWARD: Spare<HeaderRange> = const { Spare::new(MAX_HEADERS) };
+}
+
+impl Drop for RequestHead {
+    fn drop(&mut self) {
+        HEADERS.with(|s| s.give(std::mem::take(&mut self.headers)));
+        FORWARD.with(|s| s.give(std::mem::take(&mut self.forward)));
+    }
 }
 
 impl RequestHead {
@@ -235,9 +250,9 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, ParseError> {
     let mut conn_keep_alive = false;
     let mut content_type_json = false;
     let mut hosts = 0u32;
-    let mut forward = Vec::new();
+    let mut forward = FORWARD.with(|s| s.take(0));
     let mut hop = None;
-    let mut headers = Vec::with_capacity(req.headers.len());
+    let mut headers = HEADERS.with(|s| s.take(req.headers.len()));
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let value = h.value;

@@ -14,6 +14,7 @@ use monoio::net::TcpStream;
 use super::head::offset;
 use super::pool::{UpstreamConn, UPSTREAM_BUF};
 use crate::io::{peer_closed, read_more};
+use crate::spare::Spare;
 
 /// How long the worker may be silent before we start watching the client, here and in the
 /// relay (see relay.rs for why the watch waits).
@@ -44,6 +45,17 @@ pub struct ResponseHead {
     pub keep_alive: bool,
     /// Headers relayed to the client (hop-by-hop, framing and our own headers removed).
     pub relay: Vec<(Range<usize>, Range<usize>)>,
+}
+
+thread_local! {
+    /// The relay list of the shard's last response head, for its next (crate::spare).
+    static RELAY: Spare<(Range<usize>, Range<usize>)> = const { Spare::new(96) };
+}
+
+impl Drop for ResponseHead {
+    fn drop(&mut self) {
+        RELAY.with(|s| s.give(std::mem::take(&mut self.relay)));
+    }
 }
 
 #[derive(Debug)]
@@ -94,7 +106,7 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
     let mut keep_alive = resp.version == Some(1);
     let mut chunked = false;
     let mut length: Option<u64> = None;
-    let mut relay = Vec::with_capacity(resp.headers.len());
+    let mut relay = RELAY.with(|s| s.take(resp.headers.len()));
     for h in resp.headers.iter() {
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"transfer-encoding") {

@@ -174,6 +174,14 @@ pub struct RequestCtx {
     _inflight: InflightGuard,
 }
 
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        if let Some(name) = self.model.take() {
+            crate::contract::give_back_model_name(name);
+        }
+    }
+}
+
 impl RequestCtx {
     pub fn new(shard: &Rc<Shard>, head: &RequestHead, buf: &[u8], route: Route) -> Self {
         let mut ctx = Self::bare(shard, head.close, head.http10);

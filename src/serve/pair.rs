@@ -22,7 +22,9 @@ use std::pin::pin;
 use super::client::Client;
 use super::ctx::{Picked, RequestCtx};
 use super::error::{Failure, WorkerCause, WorkerError};
-use super::upstream::{await_head, head_failed, open_to, upstream_head, Answered, AttemptError};
+use super::upstream::{
+    await_head, give_head_buffer, head_buffer, head_failed, open_to, upstream_head, Answered, AttemptError,
+};
 use super::whole::read_whole;
 use crate::api::{ApiError, EndpointSpec};
 use crate::contract;
@@ -189,7 +191,7 @@ async fn send(
     body: Vec<u8>,
     fresh: bool,
 ) -> Result<UpstreamConn, AttemptError> {
-    let mut up_head = Vec::with_capacity(512);
+    let mut up_head = head_buffer();
     let skip = upstream_head(
         &mut up_head,
         head,
@@ -204,7 +206,8 @@ async fn send(
     );
     let mut conn = open_to(shard, worker, fresh).await?;
     let n = body.len();
-    let (res, _, _) = Writev2::write(&mut conn.stream, up_head, body, skip, n).await;
+    let (res, up_head, _) = Writev2::write(&mut conn.stream, up_head, body, skip, n).await;
+    give_head_buffer(up_head);
     match res {
         Ok(()) => Ok(conn),
         Err(e) => Err(WorkerError::new(WorkerCause::Write(e), conn.reused).into()),

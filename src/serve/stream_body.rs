@@ -33,7 +33,7 @@ use super::ctx::{Picked, RequestCtx};
 use super::error::{Failure, WorkerCause, WorkerError};
 use super::finish::Outcome;
 use super::pick::pick_worker;
-use super::upstream::{await_head, open, relay_response, upstream_head, AttemptError};
+use super::upstream::{await_head, head_buffer, open, relay_response, upstream_head, AttemptError};
 use crate::api::{transcriptions, ApiError, EndpointSpec};
 use crate::http::head::{BodyKind, RequestHead};
 use crate::http::respond::CONTINUE;
@@ -164,7 +164,7 @@ pub(super) async fn stream(
     mut upload: Upload<'_>,
 ) -> Outcome {
     let here = (client.buf.len() - head.len).min(len);
-    let mut up_head = Vec::with_capacity(512);
+    let mut up_head = head_buffer();
     {
         let worker = picked.worker();
         let span = ctx.span.as_ref().map(|(ids, _)| ids);

@@ -24,6 +24,7 @@ use crate::http::respond::{header_line, Stamp};
 use crate::http::response_head::{read_response_head, HeadError, ResponseBody, ResponseHead};
 use crate::io::{is_resource_exhaustion, Writev2};
 use crate::shard::Shard;
+use crate::spare::Spare;
 use crate::trace::SpanIds;
 use crate::workers::breaker::Verdict;
 use crate::workers::snapshot::WorkerMeta;
@@ -244,10 +245,32 @@ pub struct HttpRequest {
     for_provider: Option<Option<Body>>,
 }
 
+thread_local! {
+    /// The upstream head buffer of the shard's last request, for its next (crate::spare).
+    /// The client's response head is written into the same buffer after it.
+    static HEAD_BUF: Spare<u8> = const { Spare::new(16 * 1024) };
+}
+
+/// A buffer for an upstream request head.
+pub fn head_buffer() -> Vec<u8> {
+    HEAD_BUF.with(|s| s.take(512))
+}
+
+/// Keeps a buffer [`head_buffer`] gave for the next request's.
+pub fn give_head_buffer(buf: Vec<u8>) {
+    HEAD_BUF.with(|s| s.give(buf));
+}
+
+impl Drop for HttpRequest {
+    fn drop(&mut self) {
+        give_head_buffer(std::mem::take(&mut self.up_head));
+    }
+}
+
 impl HttpRequest {
     pub fn new(spec: &EndpointSpec, head: &RequestHead, buf: &[u8]) -> Self {
         HttpRequest {
-            up_head: Vec::with_capacity(512),
+            up_head: head_buffer(),
             content_type: client_content_type(spec, head, buf),
             decisions: spec.schema == Some(crate::contract::Endpoint::Decisions),
             systemone: None,
@@ -439,13 +462,13 @@ pub async fn relay_response(
         RelayEnd::Worker { .. } => ctx.judge(id, Verdict::Failure),
         _ => ctx.judge(id, Verdict::of_status(rhead.status)),
     }
+    if let RelayEnd::Worker { why, sent: false } = end {
+        // Nothing reached the client: the retry edge may still take it elsewhere.
+        return Err((WorkerError::new(WorkerCause::BadBody(why), conn.reused), spare));
+    }
+    give_head_buffer(spare);
     match end {
         RelayEnd::Done { reusable: true } => shard.put_conn(id, conn),
-        RelayEnd::Worker { why, sent: false } => {
-            // Nothing reached the client: the retry edge may still take it elsewhere.
-            let e = WorkerError::new(WorkerCause::BadBody(why), conn.reused);
-            return Err((e, spare));
-        }
         RelayEnd::ClientGone => {
             crate::debug!("request {}: client left; closing worker connection", ctx.id_str());
             return Ok(Outcome::ClientGone);

@@ -243,7 +243,7 @@ pub fn contract(data: &[u8]) {
             let out = contract::apply(body, &inspection.edits);
             if let Err(e) = contract::json::parse(&out) {
                 panic!("a rewritten body does not parse: {}", e.describe(&out));
-            }
+            };
         }
     }
 
