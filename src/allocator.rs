@@ -22,6 +22,21 @@ fn plain(layout: Layout) -> bool {
     layout.align() <= PLAIN_ALIGN && layout.align() <= layout.size()
 }
 
+/// A new block for `layout` from `plain_entry(size)` where mimalloc's own alignment is enough,
+/// else from `aligned_entry(size, align)`.
+#[inline]
+fn block(
+    layout: Layout,
+    plain_entry: impl FnOnce(usize) -> *mut c_void,
+    aligned_entry: impl FnOnce(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    if plain(layout) {
+        plain_entry(layout.size()).cast()
+    } else {
+        aligned_entry(layout.size(), layout.align()).cast()
+    }
+}
+
 // SAFETY: every pointer returned comes from mimalloc with at least the layout's alignment
 // (checked by `plain` for the plain entry points, asked for explicitly otherwise), and every
 // pointer freed or grown is one mimalloc returned, which `mi_free` and `mi_realloc*` accept
@@ -31,25 +46,13 @@ unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: plain C calls; a null return is the caller's allocation failure.
-        unsafe {
-            if plain(layout) {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        block(layout, |n| unsafe { mi::mi_malloc(n) }, |n, a| unsafe { mi::mi_malloc_aligned(n, a) })
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as `alloc`.
-        unsafe {
-            if plain(layout) {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        block(layout, |n| unsafe { mi::mi_zalloc(n) }, |n, a| unsafe { mi::mi_zalloc_aligned(n, a) })
     }
 
     #[inline]
