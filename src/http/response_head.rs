@@ -47,9 +47,12 @@ pub struct ResponseHead {
     pub relay: Vec<(Range<usize>, Range<usize>)>,
 }
 
+/// Most headers a worker's response head may carry.
+const HEADER_SLOTS: usize = 96;
+
 thread_local! {
     /// The relay list of the shard's last response head, for its next (crate::spare).
-    static RELAY: Spare<(Range<usize>, Range<usize>)> = const { Spare::new(96) };
+    static RELAY: Spare<(Range<usize>, Range<usize>)> = const { Spare::new(HEADER_SLOTS) };
 }
 
 impl Drop for ResponseHead {
@@ -87,7 +90,7 @@ fn dropped(name: &[u8]) -> bool {
 /// the caller (they come back with `status < 200`).
 pub fn parse_response(buf: &[u8]) -> Result<Option<ResponseHead>, BadResponse> {
     // Slots left uninitialized: filling 96 empty ones (3 KB) cost 270 instructions a head.
-    let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; 96];
+    let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; HEADER_SLOTS];
     let mut resp = httparse::Response::new(&mut []);
     let n = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut resp, buf, &mut slots) {
         Ok(httparse::Status::Complete(n)) => n,
