@@ -47,9 +47,10 @@ fn cache_aware_keeps_conversations_on_one_worker_across_shards() {
         let mport = free_port().to_string();
         let w = world(legacy, 3, &["--cores", "2", "--prometheus-host", "127.0.0.1", "--prometheus-port", &mport]);
         let mut used = HashSet::new();
+        let system =
+            |conv: usize| format!("You are assistant number {conv}. {}", "Follow the house style. ".repeat(40));
         for conv in 0..6 {
-            let system = format!("You are assistant number {conv}. {}", "Follow the house style. ".repeat(40));
-            let mut turns: Vec<(String, String)> = vec![("system".into(), system)];
+            let mut turns: Vec<(String, String)> = vec![("system".into(), system(conv))];
             let mut first: Option<String> = None;
             for turn in 0..4 {
                 turns.push(("user".into(), format!("question {turn} of conversation {conv}")));
@@ -69,8 +70,7 @@ fn cache_aware_keeps_conversations_on_one_worker_across_shards() {
         // conversations spread. Six could all land on one of three workers by chance (3 in
         // 3^6: one run in 243), so 18 more first turns join them: all 24 on one is 3 in 3^24.
         for conv in 6..24 {
-            let system = format!("You are assistant number {conv}. {}", "Follow the house style. ".repeat(40));
-            let body = chat(&[("system", &system), ("user", &format!("question 0 of conversation {conv}"))]);
+            let body = chat(&[("system", &system(conv)), ("user", &format!("question 0 of conversation {conv}"))]);
             used.insert(routed(&post(w.gw.port, "/v1/chat/completions", &body, &[])));
         }
         assert!(used.len() >= 2, "a quiet system piled every conversation onto {used:?}");
