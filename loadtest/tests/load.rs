@@ -98,7 +98,7 @@ fn errors_by_status_and_broken_streams() {
         assert_eq!(r["errors"].as_u64(), Some(5), "{r:?}");
 
         // Nothing listening: transport errors, not a crash.
-        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dead = refused_port();
         let r = smg_load(&["run", "--url", &url(dead), "--requests", "3", "--concurrency", "1", "--json"], legacy);
         assert_eq!(r["transport_errors"]["connect"].as_u64(), Some(3));
     }

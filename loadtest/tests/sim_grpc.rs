@@ -294,24 +294,35 @@ impl Drop for Llama {
     }
 }
 
+/// Starts llama-server on a port picked here. The other tests' simulators bind port 0
+/// meanwhile and may be given that port first: a server that exits at start is started again
+/// on another port. The wait is patient: loading the model beside a release build is slow.
 fn start_llama(server: &std::path::Path, model: &std::path::Path) -> Llama {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = std::process::Command::new(server)
-        .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string(), "-c", "2048"])
-        .args(["-np", "2", "--log-disable"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn llama-server");
-    let llama = Llama { child, port };
-    let until = Instant::now() + Duration::from_secs(60);
-    while !http_raw(port, &request_bytes("GET", "/health", ""), Duration::from_secs(2))
-        .is_ok_and(|r| parse_response(&r).status == 200)
-    {
-        assert!(Instant::now() < until, "llama-server never became healthy");
-        std::thread::sleep(Duration::from_millis(50));
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new(server)
+            .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string(), "-c", "2048"])
+            .args(["-np", "2", "--log-disable"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn llama-server");
+        let mut llama = Llama { child, port };
+        let mut exited = false;
+        let healthy = common::wait_until(common::patience(Duration::from_secs(60)), || {
+            exited = llama.child.try_wait().unwrap().is_some();
+            exited
+                || http_raw(port, &request_bytes("GET", "/health", ""), Duration::from_secs(2))
+                    .is_ok_and(|r| parse_response(&r).status == 200)
+        });
+        // Health answered by another process on the port counts only while ours still runs.
+        if exited || llama.child.try_wait().unwrap().is_some() {
+            continue;
+        }
+        assert!(healthy, "llama-server never became healthy");
+        return llama;
     }
-    llama
+    panic!("llama-server exited at start 5 times");
 }
 
 /// `--llama-url`: Generate is served by the real model. A greedy request's tokens through the

@@ -7,7 +7,6 @@
 mod common;
 mod grpc_client;
 
-use std::net::TcpListener;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -115,7 +114,7 @@ fn prefill_hands_kv_to_decode() {
         assert!(took < timeout + patience(Duration::from_secs(5)), "failed only after {took:?}");
 
         // A bootstrap port nobody listens on: 500 at once.
-        let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let closed = refused_port();
         let started = Instant::now();
         let lost = http(d, "POST", "/generate", &format!(r#"{{"text":"x"{}}}"#, fields(closed, 1)));
         assert_eq!(lost.status, 500, "{}", lost.text());
@@ -410,7 +409,7 @@ fn grpc_prefill_hands_kv_to_decode() {
         assert!(took >= timeout - Duration::from_millis(50), "failed after {took:?}, before the {timeout:?} budget");
         assert!(took < timeout + patience(Duration::from_secs(5)), "failed only after {took:?}");
         // A bootstrap port nobody listens on: INTERNAL at once.
-        let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let closed = refused_port();
         let started = Instant::now();
         let lost = generate(d, &gen_request("lost2", false, 3, params(closed, 1)));
         assert_eq!(lost.code, 13, "{}", lost.message);

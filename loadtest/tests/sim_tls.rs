@@ -114,11 +114,11 @@ fn workers_play_the_providers_their_host_names() {
         )
         .unwrap();
         let (d, k) = (dir.to_str().unwrap().to_string(), keys.to_str().unwrap().to_string());
-        let proxy_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
-        let sim = Sim::start(
-            &["--ports", "0", "--tls-dir", &d, "--provider-keys", &k, "--connect-proxy-port", &proxy_port],
-            legacy,
-        );
+        // The proxy's port is the simulator's own pick (0), read from its `proxy` line: a port
+        // picked here and handed over could be taken by the other test's simulator first.
+        let sim =
+            Sim::start(&["--ports", "0", "--tls-dir", &d, "--provider-keys", &k, "--connect-proxy-port", "0"], legacy);
+        let proxy_port = sim.proxy.expect("a proxy line");
         let port = tls_port(&sim.lines[0]);
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
@@ -155,7 +155,7 @@ fn workers_play_the_providers_their_host_names() {
         set(r#"{"provider_fail":null}"#);
         assert!(get("api.openai.com", "authorization: Bearer sk-o").starts_with("HTTP/1.1 200"));
         // Through the CONNECT proxy, as a client with HTTPS_PROXY reaches a provider.
-        let mut tcp = TcpStream::connect(("127.0.0.1", proxy_port.parse::<u16>().unwrap())).unwrap();
+        let mut tcp = TcpStream::connect(("127.0.0.1", proxy_port)).unwrap();
         tcp.write_all(b"CONNECT api.anthropic.com:443 HTTP/1.1\r\nhost: api.anthropic.com:443\r\nproxy-authorization: Basic dTpw\r\n\r\n").unwrap();
         let mut head = Vec::new();
         let mut byte = [0u8; 1];

@@ -25,12 +25,23 @@ pub fn driver_env(cmd: &mut Command, legacy: bool) {
     }
 }
 
+/// A loopback port nothing listens on, for tests of an unreachable peer. A port picked with
+/// bind(0) and closed is no such port: another test's simulator may be given it next. Port 1
+/// sits below the ephemeral range, where the kernel's picks for port 0 never fall.
+pub fn refused_port() -> u16 {
+    const PORT: u16 = 1;
+    assert!(TcpStream::connect(("127.0.0.1", PORT)).is_err(), "something listens on 127.0.0.1:{PORT}");
+    PORT
+}
+
 /// A running smg-sim, killed on drop.
 pub struct Sim {
     pub child: Child,
     pub ports: Vec<u16>,
     /// The `listening` lines, one per worker, in port order.
     pub lines: Vec<String>,
+    /// The CONNECT proxy's port (`--connect-proxy-port`), from its `proxy` line.
+    pub proxy: Option<u16>,
 }
 
 impl Sim {
@@ -48,12 +59,15 @@ impl Sim {
         let stdout = child.stdout.take().unwrap();
         let mut ports = Vec::new();
         let mut lines = Vec::new();
+        let mut proxy = None;
         for line in BufReader::new(stdout).lines() {
             let line = line.unwrap();
             if let Some(rest) = line.strip_prefix("listening ") {
                 let addr = rest.split_whitespace().next().unwrap();
                 ports.push(addr.rsplit(':').next().unwrap().parse().unwrap());
                 lines.push(line.clone());
+            } else if let Some(addr) = line.strip_prefix("proxy ") {
+                proxy = addr.rsplit(':').next().and_then(|p| p.parse().ok());
             } else if line.starts_with("ready") {
                 break;
             }
@@ -63,7 +77,7 @@ impl Sim {
             let _ = child.wait();
             return None;
         }
-        Some(Sim { child, ports, lines })
+        Some(Sim { child, ports, lines, proxy })
     }
 
     pub fn port(&self) -> u16 {
