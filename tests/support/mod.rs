@@ -112,38 +112,55 @@ impl Gateway {
     }
 
     /// [`Gateway::start`] with the descriptor limit (soft and hard) set to `nofile`. A gateway
-    /// that exits at start (a bad flag) fails the test at once with its stderr.
+    /// that exits at start (a bad flag) fails the test at once with its stderr; one that exits
+    /// because it cannot listen is started again on another port. Its port is free when handed
+    /// out, but a simulator of this process binding port 0 may be given it before the gateway
+    /// binds it.
     pub fn start_with(legacy: bool, args: &[&str], nofile: Option<u64>) -> Gateway {
-        let (mut cmd, port) = launch_command(legacy, args);
-        if let Some(n) = nofile {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
+        for _ in 0..5 {
+            let (mut cmd, port) = launch_command(legacy, args);
+            if let Some(n) = nofile {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        let lim = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
+            if let Some(gw) = Self::try_spawn(cmd, port, &format!("{args:?}")) {
+                return gw;
             }
         }
-        Self::spawn(cmd, port, &format!("{args:?}"))
+        panic!("gateway {args:?} found no free port in 5 tries");
     }
 
     /// Spawns a launch command and waits for /liveness; a gateway that exits first fails the
     /// test at once with its stderr.
-    pub fn spawn(mut cmd: Command, port: u16, what: &str) -> Gateway {
+    pub fn spawn(cmd: Command, port: u16, what: &str) -> Gateway {
+        Self::try_spawn(cmd, port, what).unwrap_or_else(|| panic!("gateway {what}: port {port} was taken"))
+    }
+
+    /// [`Gateway::spawn`], or None when the gateway exits because it cannot listen on `port`.
+    fn try_spawn(mut cmd: Command, port: u16, what: &str) -> Option<Gateway> {
         let log = std::env::temp_dir().join(format!("smg-test-{}-{port}.log", std::process::id()));
         let child = cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
         let mut gw = Gateway { port, child, log };
         let until = Instant::now() + patience(Duration::from_secs(20));
         loop {
             if let Some(status) = gw.child.try_wait().unwrap() {
-                panic!("gateway {what} exited at start ({status}):\n{}", gw.log_text());
+                let log = gw.log_text();
+                if log.contains(&format!("cannot listen on 127.0.0.1:{port}")) {
+                    return None;
+                }
+                panic!("gateway {what} exited at start ({status}):\n{log}");
             }
             if try_get(port, "/liveness").is_ok_and(|r| r.status == 200) {
-                return gw;
+                return Some(gw);
             }
             assert!(Instant::now() < until, "gateway never answered /liveness; log:\n{}", gw.log_text());
             std::thread::sleep(Duration::from_millis(20));
