@@ -206,12 +206,10 @@ impl Drop for Gateway {
     }
 }
 
-/// Starts the gateway on a port picked here. The other tests' simulators bind port 0 meanwhile,
-/// and the kernel may give one of them that port before the gateway binds it: a gateway that
-/// exits because it cannot listen is started again on another port.
+/// Starts the gateway on a port picked here ([`on_a_free_port`]: again on another one when it
+/// exits because it cannot listen).
 fn start_gateway(bin: &std::path::Path, worker: u16, extra: &[&str]) -> Gateway {
-    for _ in 0..5 {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    on_a_free_port("the gateway", |port| {
         let log = std::env::temp_dir().join(format!("smg-load-responses-{}-{port}.log", std::process::id()));
         let child = Command::new(bin)
             .args(["launch", "--worker-urls", &format!("grpc://127.0.0.1:{worker}")])
@@ -224,22 +222,19 @@ fn start_gateway(bin: &std::path::Path, worker: u16, extra: &[&str]) -> Gateway 
         let mut gw = Gateway { child, port, log };
         let mut exited = None;
         let ready = wait_until(patience(Duration::from_secs(30)), || {
-            if let Some(st) = gw.child.try_wait().unwrap() {
-                exited = Some(st);
-                return true;
-            }
-            http_raw(port, &request_bytes("GET", "/readiness", ""), Duration::from_secs(2))
-                .is_ok_and(|raw| parse_response(&raw).text().contains("\"healthy_workers\":1"))
+            exited = gw.child.try_wait().unwrap();
+            exited.is_some()
+                || http_raw(port, &request_bytes("GET", "/readiness", ""), Duration::from_secs(2))
+                    .is_ok_and(|raw| parse_response(&raw).text().contains("\"healthy_workers\":1"))
         });
         match exited {
-            Some(_) if gw.log_text().contains("cannot listen on") => continue,
+            Some(_) if gw.log_text().contains("cannot listen on") => return None,
             Some(st) => panic!("the gateway exited at start ({st}):\n{}", gw.log_text()),
             None => {}
         }
         assert!(ready, "the gateway's gRPC worker never became routable:\n{}", gw.log_text());
-        return gw;
-    }
-    panic!("the gateway found no free port in 5 tries");
+        Some(gw)
+    })
 }
 
 #[test]

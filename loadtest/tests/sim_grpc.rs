@@ -294,12 +294,10 @@ impl Drop for Llama {
     }
 }
 
-/// Starts llama-server on a port picked here. The other tests' simulators bind port 0
-/// meanwhile and may be given that port first: a server that exits at start is started again
-/// on another port. The wait is patient: loading the model beside a release build is slow.
+/// Starts llama-server on a port picked here ([`on_a_free_port`]: again on another one when it
+/// exits at start). The wait is patient: loading the model beside a release build is slow.
 fn start_llama(server: &std::path::Path, model: &std::path::Path) -> Llama {
-    for _ in 0..5 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    on_a_free_port("llama-server", |port| {
         let child = std::process::Command::new(server)
             .args(["-m", model.to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string(), "-c", "2048"])
             .args(["-np", "2", "--log-disable"])
@@ -308,21 +306,18 @@ fn start_llama(server: &std::path::Path, model: &std::path::Path) -> Llama {
             .spawn()
             .expect("spawn llama-server");
         let mut llama = Llama { child, port };
-        let mut exited = false;
-        let healthy = common::wait_until(common::patience(Duration::from_secs(60)), || {
-            exited = llama.child.try_wait().unwrap().is_some();
-            exited
+        let healthy = wait_until(patience(Duration::from_secs(60)), || {
+            llama.child.try_wait().unwrap().is_some()
                 || http_raw(port, &request_bytes("GET", "/health", ""), Duration::from_secs(2))
                     .is_ok_and(|r| parse_response(&r).status == 200)
         });
         // Health answered by another process on the port counts only while ours still runs.
-        if exited || llama.child.try_wait().unwrap().is_some() {
-            continue;
+        if llama.child.try_wait().unwrap().is_some() {
+            return None;
         }
         assert!(healthy, "llama-server never became healthy");
-        return llama;
-    }
-    panic!("llama-server exited at start 5 times");
+        Some(llama)
+    })
 }
 
 /// `--llama-url`: Generate is served by the real model. A greedy request's tokens through the

@@ -114,8 +114,8 @@ impl Gateway {
     /// [`Gateway::start`] with the descriptor limit (soft and hard) set to `nofile`. A gateway
     /// that exits at start (a bad flag) fails the test at once with its stderr; one that exits
     /// because it cannot listen is started again on another port. Its port is free when handed
-    /// out, but a simulator of this process binding port 0 may be given it before the gateway
-    /// binds it.
+    /// out, but a loopback connection's ephemeral port, or a listener of this process bound to
+    /// port 0 without SO_REUSEPORT, may take it before the gateway binds it.
     pub fn start_with(legacy: bool, args: &[&str], nofile: Option<u64>) -> Gateway {
         for _ in 0..5 {
             let (mut cmd, port) = launch_command(legacy, args);

@@ -34,6 +34,19 @@ pub fn refused_port() -> u16 {
     PORT
 }
 
+/// Starts a child process on a port picked here, again on another port while `start` says the
+/// child exited at start (None). The port is free when picked, but until the child binds it a
+/// simulator binding port 0, or a loopback connection's ephemeral port, may take it.
+pub fn on_a_free_port<T>(what: &str, mut start: impl FnMut(u16) -> Option<T>) -> T {
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if let Some(started) = start(port) {
+            return started;
+        }
+    }
+    panic!("{what} exited at start on 5 ports in a row");
+}
+
 /// A running smg-sim, killed on drop.
 pub struct Sim {
     pub child: Child,
